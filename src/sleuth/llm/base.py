@@ -1,0 +1,177 @@
+"""The one interface every LLM backend speaks, and the spec-string registry that picks a backend.
+
+A request is either chat ``messages`` or a raw ``prompt``. ``generate`` returns one :class:`Generation` per request
+with ``n`` sampled texts; ``score`` returns the log-probability of a given completion after a prompt.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+
+class LLMError(RuntimeError):
+    """A backend failed in a way retrying will not fix (bad request, bad spec, exhausted retries)."""
+
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings. ``temperature == 0`` means greedy decoding."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str | list):
+            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        if self.n < 1:
+            raise ValueError("Sampling.n must be >= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError("Sampling.max_new_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("Sampling.temperature must be >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Request:
+    """One prompt: chat ``messages`` or a raw ``prompt`` (exactly one of them)."""
+
+    messages: Messages | None = None
+    prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("a Request needs exactly one of `messages` or `prompt`")
+
+    @classmethod
+    def chat(cls, user: str, system: str | None = None) -> Request:
+        messages = [{"role": "system", "content": system}] if system else []
+        return cls(messages=[*messages, {"role": "user", "content": user}])
+
+
+@dataclass
+class Generation:
+    """The ``n`` completions of one request. ``finish_reasons`` are "stop" (EOS or a stop string) or "length"."""
+
+    texts: list[str]
+    prompt_tokens: int = 0
+    completion_tokens: list[int] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] | None = None
+
+    @property
+    def text(self) -> str:
+        return self.texts[0]
+
+
+@dataclass
+class Score:
+    """Log-probability of a completion given a prompt: the sum and the per-token values, with the tokens."""
+
+    logprob: float
+    token_logprobs: list[float]
+    tokens: list[str]
+
+
+@dataclass
+class LLMStats:
+    """Counters a backend keeps: requests asked for, and calls actually made to the model or the server."""
+
+    requests: int = 0
+    calls: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class LLM(abc.ABC):
+    """Base class of the backends. Subclasses implement :meth:`generate` and :meth:`score`."""
+
+    spec: str = ""
+
+    def __init__(self) -> None:
+        self.stats = LLMStats()
+
+    @abc.abstractmethod
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        """Complete each request; the result is in request order."""
+
+    @abc.abstractmethod
+    async def score(self, prompt: Messages | str, completion: str) -> Score:
+        """Log-probability of ``completion`` following ``prompt`` (chat messages get the generation prompt)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections or threads; the default has nothing to release."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"spec": self.spec, "backend": type(self).__name__}
+
+
+_BACKENDS: dict[str, Callable[[str, dict[str, str]], LLM]] = {}
+
+
+def register_backend(prefix: str) -> Callable[[Callable[[str, dict[str, str]], LLM]], Callable[[str, dict[str, str]], LLM]]:
+    """Register a factory ``(target, options) -> LLM`` for specs of the form ``prefix:target?key=value``."""
+
+    def decorate(factory: Callable[[str, dict[str, str]], LLM]) -> Callable[[str, dict[str, str]], LLM]:
+        _BACKENDS[prefix] = factory
+        return factory
+
+    return decorate
+
+
+def parse_spec(spec: str) -> tuple[str, str, dict[str, str]]:
+    """Split ``prefix:target?k=v&k2=v2`` into its parts.
+
+    >>> parse_spec("hf:/models/smol?device=cpu&max_batch=8")
+    ('hf', '/models/smol', {'device': 'cpu', 'max_batch': '8'})
+    """
+    prefix, sep, rest = spec.partition(":")
+    if not sep or not prefix:
+        raise LLMError(f"LLM spec {spec!r} has no backend prefix; expected one of {sorted(_BACKENDS)} like 'hf:PATH'")
+    target, _, query = rest.partition("?")
+    return prefix, target, dict(parse_qsl(query, keep_blank_values=True))
+
+
+def load_llm(spec: str | None = None) -> LLM:
+    """Build a backend from a spec string.
+
+    ``None`` or ``"default"`` is the embedded SmolLM2 model (fetched by ``sleuth assets fetch``);
+    ``hf:PATH_OR_NAME`` a local transformers model; ``openai:MODEL@BASE_URL`` any OpenAI-compatible server.
+    """
+    from sleuth.llm import hf, openai_compat  # noqa: F401 - imported for their registrations
+
+    if spec in (None, "", "default"):
+        from sleuth.assets import default_model_dir
+
+        spec = f"hf:{default_model_dir()}"
+    prefix, target, options = parse_spec(spec)
+    if prefix not in _BACKENDS:
+        raise LLMError(f"unknown LLM backend {prefix!r} in spec {spec!r}; known: {sorted(_BACKENDS)}")
+    llm = _BACKENDS[prefix](target, options)
+    llm.spec = spec
+    return llm
+
+
+def truncate_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """Cut ``text`` before the earliest stop string; return the text and whether a stop string was found."""
+    cut = min((i for s in stop if s and (i := text.find(s)) >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)

@@ -1,0 +1,253 @@
+"""Local transformers backend: ``hf:PATH_OR_NAME?device=cpu&dtype=float32&max_batch=32&threads=2``.
+
+Concurrent ``generate`` calls (from many agents driven by the runner) are micro-batched into one left-padded
+``model.generate`` call per group of equal sampling settings; ``score`` calls are batched into one forward pass.
+Stop strings are honoured per row: a row stops as soon as its own text contains one, and the returned text is cut
+before it (OpenAI semantics). Greedy decoding gives the same text batched or alone (tested).
+
+Options: ``device`` (``cpu``, ``cuda``, ``cuda:1``; default cuda when available), ``dtype`` (``float32``,
+``bfloat16``, ``float16``; default bfloat16 on a GPU that supports it, else float32), ``max_batch`` (rows per
+model call, default 32), ``threads`` (torch CPU threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from sleuth.batching import MicroBatcher
+from sleuth.llm.base import (
+    LLM,
+    Generation,
+    LLMError,
+    Messages,
+    Request,
+    Sampling,
+    Score,
+    register_backend,
+    truncate_at_stop,
+)
+
+
+@dataclass(frozen=True)
+class _Row:
+    prompt_ids: tuple[int, ...]
+    sampling: Sampling
+
+
+@dataclass
+class _RowResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+
+
+class HFLLM(LLM):
+    """A transformers causal LM on this machine.
+
+    >>> llm = HFLLM("HuggingFaceTB/SmolLM2-135M-Instruct")  # doctest: +SKIP
+    >>> asyncio.run(llm.generate([Request.chat("Capital of France?")], Sampling(max_new_tokens=8)))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        path: str,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_batch: int = 32,
+        threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype is None:
+            use_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+            torch_dtype = torch.bfloat16 if use_bf16 else torch.float32
+        else:
+            torch_dtype = getattr(torch, dtype, None)
+            if not isinstance(torch_dtype, torch.dtype):
+                raise LLMError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device).eval()
+        except OSError as exc:
+            raise LLMError(f"cannot load a transformers model from {path!r}: {exc}") from exc
+        self.path = path
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.eos_ids = self._eos_ids()
+        self._lock = threading.Lock()  # one model, one forward pass at a time
+        self._generate_batcher: MicroBatcher[_Row, _RowResult] = MicroBatcher(
+            self._generate_rows, max_batch=max_batch, key=lambda row: row.sampling
+        )
+        self._score_batcher: MicroBatcher[tuple[list[int], list[int]], Score] = MicroBatcher(
+            self._score_rows, max_batch=max_batch
+        )
+
+    def _eos_ids(self) -> set[int]:
+        ids = self.model.generation_config.eos_token_id
+        eos = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        return eos
+
+    # ----------------------------------------------------------------------------------------------- prompts
+    def encode_prompt(self, prompt: Messages | str) -> list[int]:
+        """Token ids of a prompt: chat messages get the chat template and the generation prompt."""
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt)["input_ids"]
+        if not self.tokenizer.chat_template:
+            raise LLMError(f"{self.path} has no chat template; send raw prompts (Request(prompt=...)) instead")
+        text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # ----------------------------------------------------------------------------------------------- generate
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        self.stats.requests += len(requests)
+        encoded = [self.encode_prompt(r.messages if r.messages is not None else r.prompt or "") for r in requests]
+        # Greedy decoding gives n identical samples: compute one and repeat it.
+        copies = 1 if sampling.greedy else sampling.n
+        futures = [
+            self._generate_batcher.submit(_Row(tuple(ids), sampling)) for ids in encoded for _ in range(copies)
+        ]
+        rows = await asyncio.gather(*futures)
+        generations = []
+        for i, ids in enumerate(encoded):
+            mine = rows[i * copies : (i + 1) * copies] * (sampling.n if sampling.greedy else 1)
+            generation = Generation(
+                texts=[r.text for r in mine],
+                prompt_tokens=len(ids),
+                completion_tokens=[len(r.token_ids) for r in mine],
+                finish_reasons=[r.finish_reason for r in mine],
+                token_ids=[r.token_ids for r in mine],
+            )
+            self.stats.prompt_tokens += generation.prompt_tokens
+            self.stats.completion_tokens += sum(generation.completion_tokens)
+            generations.append(generation)
+        return generations
+
+    def _generate_rows(self, rows: list[_Row]) -> list[_RowResult]:
+        import torch
+
+        sampling = rows[0].sampling
+        pad = self.tokenizer.pad_token_id
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+            attention[i, width - len(row.prompt_ids) :] = 1
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "pad_token_id": pad,
+            "eos_token_id": sorted(self.eos_ids),
+            "repetition_penalty": sampling.repetition_penalty,
+        }
+        if sampling.greedy:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        if sampling.stop:
+            kwargs["stopping_criteria"] = [_StopOnStrings(self.tokenizer, sampling.stop, width)]
+        with self._lock, torch.inference_mode():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            self.stats.calls += 1
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs
+            )
+        results = []
+        for generated in output[:, width:].tolist():
+            cut = next((j for j, t in enumerate(generated) if t in self.eos_ids or t == pad), None)
+            ids = generated if cut is None else generated[:cut]
+            text, stopped = truncate_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), sampling.stop)
+            finished = stopped or cut is not None or len(ids) < sampling.max_new_tokens
+            results.append(_RowResult(text=text, token_ids=ids, finish_reason="stop" if finished else "length"))
+        return results
+
+    # ----------------------------------------------------------------------------------------------- score
+    async def score(self, prompt: Messages | str, completion: str) -> Score:
+        """Log-probability of ``completion`` after ``prompt``.
+
+        The prompt and the completion are tokenized separately and concatenated, so the completion's tokens are
+        exactly ``tokenizer(completion)`` (no special tokens added).
+        """
+        self.stats.requests += 1
+        prompt_ids = self.encode_prompt(prompt)
+        completion_ids = self.tokenizer(completion, add_special_tokens=False)["input_ids"]
+        if not completion_ids:
+            return Score(logprob=0.0, token_logprobs=[], tokens=[])
+        return await self._score_batcher.submit((prompt_ids, completion_ids))
+
+    def _score_rows(self, rows: list[tuple[list[int], list[int]]]) -> list[Score]:
+        import torch
+
+        pad = self.tokenizer.pad_token_id
+        sequences = [p + c for p, c in rows]
+        width = max(len(s) for s in sequences)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, seq in enumerate(sequences):  # right padding: positions start at 0 for every row
+            input_ids[i, : len(seq)] = torch.tensor(seq)
+            attention[i, : len(seq)] = 1
+        with self._lock, torch.inference_mode():
+            self.stats.calls += 1
+            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)).logits
+            logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
+        scores = []
+        for i, (prompt_ids, completion_ids) in enumerate(rows):
+            start = len(prompt_ids)
+            positions = torch.arange(start - 1, start - 1 + len(completion_ids))
+            values = logprobs[i, positions, torch.tensor(completion_ids)].tolist()
+            scores.append(
+                Score(
+                    logprob=float(sum(values)),
+                    token_logprobs=values,
+                    tokens=self.tokenizer.convert_ids_to_tokens(completion_ids),
+                )
+            )
+        return scores
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "path": self.path, "device": str(self.device), "dtype": str(self.model.dtype)}
+
+
+class _StopOnStrings:
+    """Per-row stopping criterion: a row is done once its generated text contains a stop string."""
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.prompt_width = prompt_width
+        # Every token decodes to at least one character, so the last len(stop)+2 tokens cover any new match.
+        self.window = max((len(s) for s in self.stop), default=1) + 2
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        done = []
+        for row in input_ids[:, self.prompt_width :].tolist():
+            tail = self.tokenizer.decode(row[-self.window :], skip_special_tokens=True)
+            done.append(any(s in tail for s in self.stop))
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+@register_backend("hf")
+def _make_hf(target: str, options: dict[str, str]) -> HFLLM:
+    known = {"device", "dtype", "max_batch", "threads"}
+    if unknown := set(options) - known:
+        raise LLMError(f"unknown hf option(s) {sorted(unknown)}; known: {sorted(known)}")
+    return HFLLM(
+        target,
+        device=options.get("device") or None,
+        dtype=options.get("dtype") or None,
+        max_batch=int(options.get("max_batch", 32)),
+        threads=int(options["threads"]) if options.get("threads") else None,
+    )

@@ -1,0 +1,69 @@
+"""Shared fixtures: a tiny random Llama with a real BPE tokenizer and chat template, built offline in a second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+TRAINING_TEXT = [
+    "The capital of France is Paris. Paris is a city on the Seine.",
+    "Who wrote Hamlet? William Shakespeare wrote Hamlet in London.",
+    "Question: what is the answer? Answer: forty two. <answer>42</answer>",
+    "Search the corpus, read the passages, and answer with evidence.",
+] * 20
+
+
+def build_tiny_model(out: Path, seed: int = 0, initializer_range: float = 0.5) -> Path:
+    """Save a ~0.1M-parameter Llama and a byte-level BPE tokenizer (vocab ~350) with a chat template to ``out``.
+
+    A large ``initializer_range`` makes the random logits peaked, so greedy decoding has no near-ties and batched
+    and unbatched runs agree exactly.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=350, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(TRAINING_TEXT, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|endoftext|>", pad_token="<pad>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=initializer_range,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))

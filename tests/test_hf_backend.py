@@ -1,0 +1,136 @@
+"""The local transformers backend on a tiny random model: batching, stop strings, n, score."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from sleuth.llm import LLMError, Request, Sampling, load_llm
+from sleuth.llm.hf import HFLLM
+
+PROMPTS = [
+    "The capital of France is",
+    "Who wrote Hamlet?",
+    "Search the corpus and answer with evidence about Paris and the Seine.",
+    "Question: what",
+    "answer",
+    "William Shakespeare wrote Hamlet in London. The capital",
+]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir) -> HFLLM:
+    return HFLLM(str(tiny_model_dir), device="cpu")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_greedy_batched_equals_one_by_one(llm: HFLLM) -> None:
+    sampling = Sampling(max_new_tokens=12)
+    requests = [Request(prompt=p) for p in PROMPTS] + [Request.chat(p) for p in PROMPTS]
+    alone = [run(llm.generate([r], sampling))[0].texts for r in requests]
+    calls_before = llm.stats.calls
+    batched = run(llm.generate(requests, sampling))
+    assert llm.stats.calls - calls_before == 1, "all rows of one call should share one model.generate"
+    assert [g.texts for g in batched] == alone
+    assert any(t[0] for t in alone), "the tiny model should produce some text"
+    assert len({t[0] for t in alone}) > 1, "different prompts should give different continuations"
+
+
+def test_concurrent_callers_are_micro_batched(llm: HFLLM) -> None:
+    sampling = Sampling(max_new_tokens=6)
+
+    async def many() -> list:
+        return await asyncio.gather(*(llm.generate([Request(prompt=p)], sampling) for p in PROMPTS * 3))
+
+    before_calls, before_requests = llm.stats.calls, llm.stats.requests
+    results = run(many())
+    assert llm.stats.requests - before_requests == len(PROMPTS) * 3
+    assert llm.stats.calls - before_calls < len(PROMPTS) * 3
+    assert [r[0].text for r in results[: len(PROMPTS)]] == [r[0].text for r in results[len(PROMPTS) :][: len(PROMPTS)]]
+
+
+def test_stop_strings_are_honoured_per_row(llm: HFLLM) -> None:
+    free = run(llm.generate([Request(prompt=p) for p in PROMPTS], Sampling(max_new_tokens=16)))
+    # Pick a stop string that occurs in the middle of one row's free-running text.
+    target = next(i for i, g in enumerate(free) if len(g.text) > 6)
+    stop = free[target].text[3:6]
+    stopped = run(llm.generate([Request(prompt=p) for p in PROMPTS], Sampling(max_new_tokens=16, stop=(stop,))))
+    for before, after in zip(free, stopped, strict=True):
+        expected = before.text.split(stop)[0] if stop in before.text else before.text
+        assert after.text == expected
+        assert stop not in after.text
+    assert stopped[target].finish_reasons == ["stop"]
+    assert stopped[target].completion_tokens[0] < free[target].completion_tokens[0]
+
+
+def test_n_samples(llm: HFLLM) -> None:
+    sampled = run(llm.generate([Request(prompt=PROMPTS[0])], Sampling(max_new_tokens=10, temperature=1.5, n=4)))[0]
+    assert len(sampled.texts) == 4 and len(sampled.completion_tokens) == 4
+    assert len(set(sampled.texts)) > 1, "temperature 1.5 on a random model should vary"
+    greedy = run(llm.generate([Request(prompt=PROMPTS[0])], Sampling(max_new_tokens=10, n=3)))[0]
+    assert len(greedy.texts) == 3 and len(set(greedy.texts)) == 1
+
+
+def test_seeded_sampling_is_reproducible(llm: HFLLM) -> None:
+    sampling = Sampling(max_new_tokens=10, temperature=1.0, n=2, seed=1234)
+    first = run(llm.generate([Request(prompt=PROMPTS[1])], sampling))[0].texts
+    second = run(llm.generate([Request(prompt=PROMPTS[1])], sampling))[0].texts
+    assert first == second
+
+
+def test_length_finish_reason_and_token_counts(llm: HFLLM) -> None:
+    out = run(llm.generate([Request.chat(PROMPTS[2])], Sampling(max_new_tokens=5)))[0]
+    assert out.prompt_tokens == len(llm.encode_prompt([{"role": "user", "content": PROMPTS[2]}]))
+    assert out.completion_tokens[0] <= 5
+    if out.completion_tokens[0] == 5:
+        assert out.finish_reasons == ["length"]
+
+
+def test_score_matches_logits(llm: HFLLM) -> None:
+    prompt, completion = "The capital of France is", " Paris on the Seine."
+    score = run(llm.score(prompt, completion))
+    prompt_ids = llm.tokenizer(prompt)["input_ids"]
+    completion_ids = llm.tokenizer(completion, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(llm.model(ids).logits[0], dim=-1)
+    expected = [logprobs[len(prompt_ids) - 1 + j, t].item() for j, t in enumerate(completion_ids)]
+    assert score.token_logprobs == pytest.approx(expected, abs=1e-4)
+    assert score.logprob == pytest.approx(sum(expected), abs=1e-3)
+    assert len(score.tokens) == len(completion_ids)
+
+
+def test_score_batched_equals_alone(llm: HFLLM) -> None:
+    pairs = [("Who wrote Hamlet?", " William Shakespeare"), ("The capital", " of France is Paris."), ("a", " b")]
+    alone = [run(llm.score(p, c)).logprob for p, c in pairs]
+
+    async def together() -> list:
+        return await asyncio.gather(*(llm.score(p, c) for p, c in pairs))
+
+    assert [s.logprob for s in run(together())] == pytest.approx(alone, abs=1e-4)
+
+
+def test_chat_score_uses_generation_prompt(llm: HFLLM) -> None:
+    messages = [{"role": "user", "content": "Who wrote Hamlet?"}]
+    chat = run(llm.score(messages, "Shakespeare"))
+    text = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    raw = run(llm.score(text, "Shakespeare"))
+    # The raw string is tokenized with special tokens parsed the same way, so the two agree.
+    assert chat.logprob == pytest.approx(raw.logprob, abs=1e-4)
+
+
+def test_spec_loading_and_errors(tiny_model_dir) -> None:
+    llm = load_llm(f"hf:{tiny_model_dir}?device=cpu&max_batch=4")
+    assert isinstance(llm, HFLLM) and llm.spec.startswith("hf:")
+    with pytest.raises(LLMError, match="unknown hf option"):
+        load_llm(f"hf:{tiny_model_dir}?colour=blue")
+    with pytest.raises(LLMError, match="unknown LLM backend"):
+        load_llm("nope:thing")
+    with pytest.raises(LLMError, match="cannot load"):
+        load_llm("hf:/does/not/exist")
