@@ -16,7 +16,10 @@ from sleuth.retrieval.store import PassageStore
 TOPICS = [
     ("Marie Curie", "Marie Curie was a physicist and chemist who conducted pioneering research on radioactivity."),
     ("Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France."),
-    ("Photosynthesis", "Photosynthesis is the process by which green plants convert light energy into chemical energy."),
+    (
+        "Photosynthesis",
+        "Photosynthesis is the process by which green plants convert light energy into chemical energy.",
+    ),
     ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level, located in the Himalayas."),
     ("Python (language)", "Python is a high-level programming language whose design emphasizes code readability."),
 ]
@@ -24,7 +27,7 @@ TOPICS = [
 
 def write_corpus(path: Path, n_filler: int = 300, seed: int = 0, bad_lines: bool = False) -> Path:
     rng = random.Random(seed)
-    words = "river stone market garden window letter bridge winter number colour island music".split()
+    words = ["river", "stone", "market", "garden", "window", "letter", "bridge", "winter", "number", "island"]
     rows = [{"id": f"t{i}", "contents": f'"{title}"\n{text}'} for i, (title, text) in enumerate(TOPICS)]
     for i in range(n_filler):
         text = " ".join(rng.choice(words) for _ in range(30))

@@ -128,7 +128,9 @@ class LLM(abc.ABC):
 _BACKENDS: dict[str, Callable[[str, dict[str, str]], LLM]] = {}
 
 
-def register_backend(prefix: str) -> Callable[[Callable[[str, dict[str, str]], LLM]], Callable[[str, dict[str, str]], LLM]]:
+def register_backend(
+    prefix: str,
+) -> Callable[[Callable[[str, dict[str, str]], LLM]], Callable[[str, dict[str, str]], LLM]]:
     """Register a factory ``(target, options) -> LLM`` for specs of the form ``prefix:target?key=value``."""
 
     def decorate(factory: Callable[[str, dict[str, str]], LLM]) -> Callable[[str, dict[str, str]], LLM]:

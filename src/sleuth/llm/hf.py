@@ -114,9 +114,7 @@ class HFLLM(LLM):
         encoded = [self.encode_prompt(r.messages if r.messages is not None else r.prompt or "") for r in requests]
         # Greedy decoding gives n identical samples: compute one and repeat it.
         copies = 1 if sampling.greedy else sampling.n
-        futures = [
-            self._generate_batcher.submit(_Row(tuple(ids), sampling)) for ids in encoded for _ in range(copies)
-        ]
+        futures = [self._generate_batcher.submit(_Row(tuple(ids), sampling)) for ids in encoded for _ in range(copies)]
         rows = await asyncio.gather(*futures)
         generations = []
         for i, ids in enumerate(encoded):

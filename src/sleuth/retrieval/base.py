@@ -71,7 +71,9 @@ def register_retriever(kind: str) -> Callable[[Callable[[str], Retriever]], Call
 def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     path = Path(index_dir) / INDEX_MANIFEST
     if not path.exists():
-        raise RetrievalError(f"{index_dir} is not a sleuth index (no {INDEX_MANIFEST}); build one with `sleuth index build`")
+        raise RetrievalError(
+            f"{index_dir} is not a sleuth index (no {INDEX_MANIFEST}); build one with `sleuth index build`"
+        )
     return json.loads(path.read_text())
 
 

@@ -142,9 +142,8 @@ def build_bm25_index(
     started = time.time()
     corpus, out = Path(corpus), Path(out)
     params = params or BM25Params()
-    if out.exists():
-        if not overwrite:
-            raise RetrievalError(f"{out} already exists; pass overwrite=True (--overwrite) to rebuild it")
+    if out.exists() and not overwrite:
+        raise RetrievalError(f"{out} already exists; pass overwrite=True (--overwrite) to rebuild it")
     work = out.with_name(out.name + ".partial")
     state_path = work / "build.json"
     identity = {"corpus": _corpus_identity(corpus), "format": format, "params": asdict(params), "chunk": chunk_size}
@@ -177,9 +176,7 @@ def build_bm25_index(
         if not batch:
             break
         vocab_before = len(tokenizer.vocab)
-        token_ids = [
-            tokenizer.document_ids(f"{p.title}\n{p.text}" if params.index_title else p.text) for p in batch
-        ]
+        token_ids = [tokenizer.document_ids(f"{p.title}\n{p.text}" if params.index_title else p.text) for p in batch]
         stem = work / "chunks" / f"{chunk_index:06d}"
         _write_atomic(stem.with_suffix(".jsonl"), b"".join(passage_line(p) for p in batch))
         np.save(stem.with_suffix(".lens.npy"), np.array([len(t) for t in token_ids], dtype=np.int32))

