@@ -623,7 +623,8 @@ def fetch_assets(
                         _convert(asset, home, source_sha)
                     console.print(f"[green]✓[/green] {label}: converted to {home / conversion.dest}")
             results[asset.name] = asset.final_dir(home)
-            console.print(f"  {label}: done in {time.perf_counter() - t0:.1f}s", style="dim")
+            if (elapsed := time.perf_counter() - t0) > 1:
+                console.print(f"  {label}: done in {elapsed:.1f}s", style="dim")
     return results
 
 

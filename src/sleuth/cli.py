@@ -183,11 +183,9 @@ def assets_fetch(
     from sleuth.assets import AssetError, fetch_assets
 
     try:
-        paths = fetch_assets(only or None)
+        fetch_assets(only or None)
     except AssetError as exc:
         _fail(str(exc))
-    for name, path in paths.items():
-        console.print(f"[green]✓[/] {name}: {path}")
 
 
 @assets_app.command("verify")

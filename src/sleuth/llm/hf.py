@@ -62,7 +62,9 @@ class HFLLM(LLM):
         super().__init__()
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # the "Loading weights" bar would interleave with sleuth's own output
         if threads:
             torch.set_num_threads(threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

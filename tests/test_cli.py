@@ -1,0 +1,93 @@
+"""The sleuth command end to end: index build / info / search on a written corpus; ask on the embedded model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sleuth.cli import app
+from sleuth.records import Trace
+from tests.test_bm25 import write_corpus
+
+runner = CliRunner()
+
+
+def test_index_build_info_search(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n_filler=30, bad_lines=True)
+    result = runner.invoke(app, ["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx")])
+    assert result.exit_code == 0, result.output
+    assert "indexed 35 passages" in result.output and "skipped 2 malformed lines" in result.output
+    info = runner.invoke(app, ["index", "info", str(tmp_path / "idx")])
+    assert json.loads(info.stdout)["passages"] == 35
+    hits = runner.invoke(app, ["search", "research on radioactivity", "--index", str(tmp_path / "idx"), "--json"])
+    assert hits.exit_code == 0
+    assert json.loads(hits.stdout.splitlines()[0])["id"] == "t0"
+
+
+def test_strict_build_fails_with_file_and_line(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n_filler=5, bad_lines=True)
+    result = runner.invoke(app, ["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "i"), "--strict"])
+    assert result.exit_code == 1
+    assert f"{corpus}:4:" in " ".join(result.output.split())
+
+
+def test_ask_with_tiny_model_json(tmp_path: Path, tiny_model_dir: Path) -> None:
+    build = runner.invoke(
+        app,
+        ["index", "build", "--corpus", str(write_corpus(tmp_path / "c.jsonl", 20)), "--out", str(tmp_path / "idx")],
+    )
+    assert build.exit_code == 0
+    args = [
+        "ask",
+        "Who researched radioactivity?",
+        "--llm",
+        f"hf:{tiny_model_dir}",
+        "--index",
+        str(tmp_path / "idx"),
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--json",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    trace = Trace.from_json(result.stdout.strip().splitlines()[-1])
+    assert trace.method == "naive_rag" and trace.steps[0].passages[0].id == "t0"
+    assert trace.steps[1].completion_tokens <= 8
+
+
+def test_bad_specs_give_clear_errors(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["ask", "q", "--index", str(tmp_path), "--llm", "hf:/nope"])
+    assert result.exit_code == 1 and "not a sleuth index" in " ".join(result.output.split())
+    result = runner.invoke(app, ["ask", "q", "--method", "nope"])
+    assert result.exit_code == 1 and "unknown method" in " ".join(result.output.split())
+
+
+@pytest.mark.integration
+def test_sleuth_ask_json_with_smollm2() -> None:
+    """The real thing: the installed `sleuth` command, the embedded SmolLM2 and the wiki summaries index."""
+    from sleuth.assets import default_index_dir, ensure_default_model
+
+    ensure_default_model()
+    sleuth = Path(sys.executable).with_name("sleuth")
+    if not (default_index_dir() / "sleuth-index.json").exists():
+        subprocess.run([str(sleuth), "index", "build"], check=True, capture_output=True, timeout=300)
+    out = subprocess.run(
+        [str(sleuth), "ask", "Who directed the film 2001: A Space Odyssey?", "--json", "--max-new-tokens", "48"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    trace = Trace.from_json(out.stdout)
+    assert trace.error is None
+    search, answer = trace.steps
+    assert search.passages[0].title == "2001: A Space Odyssey"
+    assert "Kubrick" in answer.output and trace.answer
+    assert answer.prompt_tokens > 300 and 0 < answer.completion_tokens <= 48
