@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sleuth.llm import LLMError, Request, Sampling, load_llm
-from sleuth.llm.hf import HFLLM
+from sleuth.llm.hf import HFLLM, length_buckets
 
 PROMPTS = [
     "The capital of France is",
@@ -29,16 +29,33 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_greedy_batched_equals_one_by_one(llm: HFLLM) -> None:
+@pytest.mark.parametrize("max_padding", [0.0, 1.25])
+def test_greedy_batched_equals_one_by_one(llm: HFLLM, max_padding: float) -> None:
+    llm.max_padding = max_padding
     sampling = Sampling(max_new_tokens=12)
     requests = [Request(prompt=p) for p in PROMPTS] + [Request.chat(p) for p in PROMPTS]
     alone = [run(llm.generate([r], sampling))[0].texts for r in requests]
     calls_before = llm.stats.calls
     batched = run(llm.generate(requests, sampling))
-    assert llm.stats.calls - calls_before == 1, "all rows of one call should share one model.generate"
+    calls = llm.stats.calls - calls_before
+    if max_padding == 0:
+        assert calls == 1, "without length buckets all rows share one model.generate"
+    else:
+        assert 1 < calls < len(requests), "prompts of very different lengths go to a few length buckets"
     assert [g.texts for g in batched] == alone
     assert any(t[0] for t in alone), "the tiny model should produce some text"
     assert len({t[0] for t in alone}) > 1, "different prompts should give different continuations"
+
+
+def test_length_buckets_bound_padding() -> None:
+    lengths = [100, 900, 110, 880, 500, 95, 520]
+    buckets = length_buckets(lengths, 1.25)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    for bucket in buckets:
+        assert len(bucket) * max(lengths[i] for i in bucket) <= 1.25 * sum(lengths[i] for i in bucket)
+    assert len(buckets) == 3
+    assert length_buckets(lengths, 0) == [sorted(range(len(lengths)), key=lambda i: lengths[i])]
+    assert length_buckets([], 1.25) == []
 
 
 def test_concurrent_callers_are_micro_batched(llm: HFLLM) -> None:

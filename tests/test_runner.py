@@ -38,7 +38,7 @@ def test_batched_run_issues_fewer_calls(llm: HFLLM, retriever: BM25Retriever) ->
     traces = run("naive_rag", examples(16), ctx, progress=False)
     requests, calls = llm.stats.requests - before_requests, llm.stats.calls - before_calls
     assert requests == 16
-    assert calls <= 4, f"{calls} model calls for 16 concurrent requests"
+    assert calls <= 8, f"{calls} model calls for 16 concurrent requests"
     assert retriever.batch_stats.calls < retriever.batch_stats.items
     assert [t.example.id for t in traces] == [f"q{i}" for i in range(16)]
     for trace in traces:

@@ -7,7 +7,8 @@ before it (OpenAI semantics). Greedy decoding gives the same text batched or alo
 
 Options: ``device`` (``cpu``, ``cuda``, ``cuda:1``; default cuda when available), ``dtype`` (``float32``,
 ``bfloat16``, ``float16``; default bfloat16 on a GPU that supports it, else float32), ``max_batch`` (rows per
-model call, default 32), ``threads`` (torch CPU threads).
+batch, default 32), ``threads`` (torch CPU threads), ``max_padding`` (split a batch into length groups whose padded
+size is at most this multiple of their real tokens; default 1.25 on CPU, 0 = never split, on GPU).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class HFLLM(LLM):
         dtype: str | None = None,
         max_batch: int = 32,
         threads: int | None = None,
+        max_padding: float | None = None,
     ) -> None:
         super().__init__()
         import torch
@@ -81,6 +83,9 @@ class HFLLM(LLM):
         except OSError as exc:
             raise LLMError(f"cannot load a transformers model from {path!r}: {exc}") from exc
         self.path = path
+        # On CPU a padded, masked prefill costs far more than the same rows unpadded (measured in
+        # docs/results/bench_runner.md), so rows are grouped by length; on a GPU one big batch wins.
+        self.max_padding = max_padding if max_padding is not None else (1.25 if self.device.type == "cpu" else 0.0)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -134,6 +139,13 @@ class HFLLM(LLM):
         return generations
 
     def _generate_rows(self, rows: list[_Row]) -> list[_RowResult]:
+        results: list[_RowResult | None] = [None] * len(rows)
+        for bucket in length_buckets([len(r.prompt_ids) for r in rows], self.max_padding):
+            for i, result in zip(bucket, self._generate_bucket([rows[i] for i in bucket]), strict=True):
+                results[i] = result
+        return results  # type: ignore[return-value]
+
+    def _generate_bucket(self, rows: list[_Row]) -> list[_RowResult]:
         import torch
 
         sampling = rows[0].sampling
@@ -219,6 +231,30 @@ class HFLLM(LLM):
         return {**super().describe(), "path": self.path, "device": str(self.device), "dtype": str(self.model.dtype)}
 
 
+def length_buckets(lengths: list[int], max_padding: float) -> list[list[int]]:
+    """Group row indices by length so each group's padded size stays within ``max_padding`` x its real tokens.
+
+    Rows are sorted by length and a new group starts when adding the next (longer) row would make
+    ``len(group) * longest > max_padding * sum(lengths of group)``. ``max_padding <= 0`` keeps one group.
+
+    >>> length_buckets([100, 900, 110, 880], 1.25)
+    [[0, 2], [3, 1]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if max_padding <= 0:
+        return [order]
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    real = 0
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > max_padding * (real + lengths[i]):
+            buckets.append(current)
+            current, real = [], 0
+        current.append(i)
+        real += lengths[i]
+    return [*buckets, current] if current else buckets
+
+
 class _StopOnStrings:
     """Per-row stopping criterion: a row is done once its generated text contains a stop string."""
 
@@ -241,7 +277,7 @@ class _StopOnStrings:
 
 @register_backend("hf")
 def _make_hf(target: str, options: dict[str, str]) -> HFLLM:
-    known = {"device", "dtype", "max_batch", "threads"}
+    known = {"device", "dtype", "max_batch", "threads", "max_padding"}
     if unknown := set(options) - known:
         raise LLMError(f"unknown hf option(s) {sorted(unknown)}; known: {sorted(known)}")
     return HFLLM(
@@ -250,4 +286,5 @@ def _make_hf(target: str, options: dict[str, str]) -> HFLLM:
         dtype=options.get("dtype") or None,
         max_batch=int(options.get("max_batch", 32)),
         threads=int(options["threads"]) if options.get("threads") else None,
+        max_padding=float(options["max_padding"]) if options.get("max_padding") else None,
     )
