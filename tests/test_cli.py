@@ -91,3 +91,29 @@ def test_sleuth_ask_json_with_smollm2() -> None:
     assert search.passages[0].title == "2001: A Space Odyssey"
     assert "Kubrick" in answer.output and trace.answer
     assert answer.prompt_tokens > 300 and 0 < answer.completion_tokens <= 48
+
+
+def test_render_trace_shows_steps_titles_and_fallbacks() -> None:
+    from rich.console import Console
+
+    from sleuth.display import render_trace
+    from sleuth.records import Example, Passage, Step
+
+    trace = Trace(example=Example(id="e", question="Who painted it?"), method="naive_rag", answer="Seurat")
+    trace.add(Step(kind="search", query="painted it", passages=[Passage(id="1", title="La Grande Jatte", text="t")]))
+    trace.add(
+        Step(
+            kind="answer",
+            messages=[{"role": "user", "content": "You have the following context passages"}],
+            output="Seurat\nGeorges Seurat painted it.",
+            parsed="Seurat",
+            prompt_tokens=120,
+            completion_tokens=9,
+            fallback="first_line",
+        )
+    )
+    console = Console(record=True, width=120)
+    render_trace(trace, console)
+    text = console.export_text()
+    for expected in ("Who painted it?", "Seurat", "La Grande Jatte", "painted it", "120+9", "fallback: first_line"):
+        assert expected in text
