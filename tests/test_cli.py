@@ -117,3 +117,60 @@ def test_render_trace_shows_steps_titles_and_fallbacks() -> None:
     text = console.export_text()
     for expected in ("Who painted it?", "Seurat", "La Grande Jatte", "painted it", "120+9", "fallback: first_line"):
         assert expected in text
+
+
+def test_dense_index_build_and_search(tmp_path: Path) -> None:
+    from sleuth.assets import default_embedder_dir
+
+    if not (default_embedder_dir() / "modules.json").exists():
+        pytest.skip("bundled MiniLM not fetched (run `sleuth assets fetch`)")
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n_filler=20)
+    args = ["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "dense"), "--kind", "dense"]
+    result = runner.invoke(app, [*args, "--index-type", "hnsw"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "dense" / "sleuth-index.json").read_text())["index_type"] == "hnsw"
+    hits = runner.invoke(app, ["search", "the tallest mountain", "--index", str(tmp_path / "dense"), "--json"])
+    assert json.loads(hits.stdout.splitlines()[0])["id"] == "t3"
+
+
+def test_serve_retriever_subprocess_and_remote_search(tmp_path: Path) -> None:
+    """`sleuth serve retriever` in its own process, queried through the `remote:` spec of `sleuth search`."""
+    import socket
+    import time
+
+    import httpx
+
+    build = runner.invoke(
+        app,
+        ["index", "build", "--corpus", str(write_corpus(tmp_path / "c.jsonl", 10)), "--out", str(tmp_path / "idx")],
+    )
+    assert build.exit_code == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sleuth = Path(sys.executable).with_name("sleuth")
+    server = subprocess.Popen(
+        [str(sleuth), "serve", "retriever", "--index", str(tmp_path / "idx"), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, server.stderr.read().decode()
+            assert time.time() < deadline, "server did not come up"
+            time.sleep(0.2)
+        hits = runner.invoke(
+            app, ["search", "Himalayas mountain", "--index", f"remote:http://127.0.0.1:{port}", "--json", "--k", "2"]
+        )
+        assert hits.exit_code == 0, hits.output
+        rows = [json.loads(line) for line in hits.stdout.splitlines()]
+        assert [r["id"] for r in rows][0] == "t3" and rows[0]["title"] == "Mount Everest" and len(rows) == 2
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

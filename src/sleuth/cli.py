@@ -116,52 +116,98 @@ def search(
 def index_build(
     corpus: Annotated[Path | None, typer.Option(help="Corpus file; default: the bundled wiki summaries.")] = None,
     out: Annotated[Path | None, typer.Option(help="Index directory; default: the default index dir.")] = None,
+    kind: Annotated[str, typer.Option(help="bm25, dense or hybrid (RRF of both).")] = "bm25",
+    index_type: Annotated[str, typer.Option(help="Dense FAISS index: flat, hnsw or ivfpq.")] = "flat",
+    encoder: Annotated[str, typer.Option(help="Dense encoder path or name; default: bundled MiniLM.")] = "default",
+    query_prefix: Annotated[str, typer.Option(help="Dense query prefix (e5: 'query: ').")] = "",
+    passage_prefix: Annotated[str, typer.Option(help="Dense passage prefix (e5: 'passage: ').")] = "",
+    device: Annotated[str | None, typer.Option(help="Encoder device: cpu or cuda (default: cuda if present).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Dense encoding batch size.")] = 64,
     format: Annotated[str | None, typer.Option(help="searchr1, jsonl, tsv or wiki-summaries (auto-detected).")] = None,
     strict: Annotated[bool, typer.Option(help="Stop at the first malformed line instead of skipping it.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing index.")] = False,
     chunk_size: Annotated[int, typer.Option(help="Passages per resumable chunk.")] = 100_000,
 ) -> None:
-    """Build a BM25 index (resumes an interrupted build of the same corpus)."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+    """Build a BM25, dense or hybrid index; re-running resumes an interrupted build of the same corpus."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sleuth.assets import AssetError, default_index_dir, ensure_default_corpus
     from sleuth.corpus import CorpusError
     from sleuth.retrieval import RetrievalError
     from sleuth.retrieval.base import INDEX_MANIFEST
-    from sleuth.retrieval.bm25 import build_bm25_index
 
+    if kind not in ("bm25", "dense", "hybrid"):
+        _fail(f"unknown --kind {kind!r}; use bm25, dense or hybrid")
     default_run = corpus is None and out is None
     try:
         corpus = corpus or ensure_default_corpus()
     except AssetError as exc:
         _fail(str(exc))
     out = out or default_index_dir()
-    if default_run and not overwrite and (out / INDEX_MANIFEST).exists():
+    if default_run and kind == "bm25" and not overwrite and (out / INDEX_MANIFEST).exists():
         console.print(f"[green]default index already built:[/] {out} (--overwrite rebuilds it)")
         return
-    columns = [TextColumn("[bold]indexing"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[n]:,} passages")]
-    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("index", total=None, n=0)
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console) as bar:
+        tasks: dict[str, object] = {}
 
-        def on_progress(done: int, total: int | None, n: int) -> None:
-            bar.update(task, completed=done, total=total, n=n)
+        def on_stage(stage: str, done: int, total: int | None) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)  # type: ignore[arg-type]
 
+        def on_bytes(done: int, total: int | None, n: int) -> None:
+            on_stage("read corpus (bytes)", done, total)
+
+        dense_options = {
+            "encoder": encoder,
+            "index_type": index_type,
+            "query_prefix": query_prefix,
+            "passage_prefix": passage_prefix,
+            "device": device,
+            "batch_size": batch_size,
+        }
+        common = {"format": format, "strict": strict, "overwrite": overwrite, "chunk_size": chunk_size}
         try:
-            report = build_bm25_index(
-                corpus,
-                out,
-                format=format,
-                strict=strict,
-                overwrite=overwrite,
-                chunk_size=chunk_size,
-                on_progress=on_progress,
-            )
+            if kind == "bm25":
+                from sleuth.retrieval.bm25 import build_bm25_index
+
+                report = build_bm25_index(corpus, out, on_progress=on_bytes, **common)
+            elif kind == "dense":
+                from sleuth.retrieval.dense import build_dense_index
+
+                report = build_dense_index(corpus, out, on_progress=on_stage, **common, **dense_options)
+            else:
+                from sleuth.retrieval.hybrid import build_hybrid_index
+
+                report = build_hybrid_index(corpus, out, on_progress=on_stage, **common, **dense_options)
         except (CorpusError, RetrievalError, FileNotFoundError) as exc:
             _fail(str(exc))
     resumed = f", resumed after {report.resumed_chunks} finished chunks" if report.resumed_chunks else ""
-    console.print(f"[green]indexed {report.passages:,} passages[/] into {out} in {report.seconds:.1f} s{resumed}")
+    console.print(
+        f"[green]indexed {report.passages:,} passages[/] ({kind}) into {out} in {report.seconds:.1f} s{resumed}"
+    )
     if report.skipped:
         console.print(f"[yellow]skipped {report.skipped} malformed lines[/] (first: {report.skipped_messages[0]})")
+
+
+@index_app.command("chunk")
+def index_chunk(
+    corpus: Annotated[Path, typer.Option(help="Corpus of long documents (any supported format).")],
+    out: Annotated[Path, typer.Option(help="Output Search-R1 jsonl (.gz to compress).")],
+    words: Annotated[int, typer.Option(help="Words per passage (DPR: 100).")] = 100,
+    overlap: Annotated[int, typer.Option(help="Words repeated between consecutive passages.")] = 0,
+    format: Annotated[str | None, typer.Option(help="Input format (auto-detected).")] = None,
+) -> None:
+    """Split long documents into passages (title and source id kept) so any corpus becomes a passage corpus."""
+    from sleuth.corpus import CorpusError
+    from sleuth.retrieval.chunking import chunk_corpus
+
+    try:
+        n = chunk_corpus(corpus, out, words=words, overlap=overlap, format=format)
+    except (CorpusError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    console.print(f"[green]wrote {n:,} passages[/] to {out}")
 
 
 @index_app.command("info")
@@ -171,6 +217,32 @@ def index_info(index: Annotated[Path, typer.Argument(help="Index directory.")]) 
 
     try:
         sys.stdout.write(json.dumps(read_manifest(index), indent=2) + "\n")
+    except RetrievalError as exc:
+        _fail(str(exc))
+
+
+serve_app = typer.Typer(help="Serve sleuth components over HTTP.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
+
+
+@serve_app.command("retriever")
+def serve_retriever(
+    index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
+    host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1 keeps it local).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    token_env: Annotated[
+        str | None, typer.Option(help="Environment variable holding a bearer token that clients must send.")
+    ] = None,
+    max_topk: Annotated[int, typer.Option(help="Largest topk a request may ask for.")] = 100,
+    no_batching: Annotated[bool, typer.Option(help="Search each query alone (for comparisons).")] = False,
+) -> None:
+    """Serve an index with Search-R1's contract: POST /retrieve {queries, topk, return_scores}, GET /health."""
+    from sleuth.retrieval import RetrievalError, load_retriever
+    from sleuth.serve import run_server
+
+    try:
+        retriever = load_retriever(None if index == "default" else index)
+        run_server(retriever, host=host, port=port, token_env=token_env, max_topk=max_topk, batching=not no_batching)
     except RetrievalError as exc:
         _fail(str(exc))
 

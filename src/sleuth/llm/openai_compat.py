@@ -38,15 +38,17 @@ because the chat template lives on the server and the character offsets of the c
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import os
-import random
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from sleuth._http import BACKOFF_CAP_S, RETRY_STATUSES, backoff_delay
+from sleuth._http import error_message as _error_message
+from sleuth._http import is_loopback as _is_loopback
+from sleuth._http import snippet as _snippet
 from sleuth.llm.base import (
     LLM,
     Generation,
@@ -61,9 +63,6 @@ from sleuth.llm.base import (
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_API_STOPS = 4
-BACKOFF_CAP_S = 30.0
-RETRY_STATUSES = frozenset({408, 429})
-ERROR_SNIPPET_CHARS = 500
 _FINISH_REASONS = {
     "stop": "stop",
     "eos": "stop",
@@ -358,16 +357,7 @@ class OpenAICompatLLM(LLM):
         raise LLMError(f"POST {url} failed after {tries}; last failure: {last_failure}")
 
     def _delay(self, attempt: int, retry_after: str | None) -> float:
-        if retry_after is not None:
-            try:
-                seconds = float(retry_after)
-            except ValueError:  # an HTTP date: fall back to the exponential backoff
-                pass
-            else:
-                if seconds >= 0:
-                    return min(seconds, BACKOFF_CAP_S)
-        base = self.backoff * 2**attempt
-        return min(base + random.uniform(0, 0.1 * base), BACKOFF_CAP_S)
+        return backoff_delay(attempt, self.backoff, retry_after, BACKOFF_CAP_S)
 
     @staticmethod
     def _decode(response: httpx.Response, url: str) -> dict[str, Any]:
@@ -408,38 +398,6 @@ def _split_completion_tokens(choices: list[dict[str, Any]], total: int) -> list[
         return per_choice
     share, extra = divmod(max(total, 0), len(choices))
     return [share + (1 if i < extra else 0) for i in range(len(choices))]
-
-
-def _snippet(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= ERROR_SNIPPET_CHARS else text[:ERROR_SNIPPET_CHARS] + "..."
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The server's error message: JSON ``error.message`` (or a similar field) if present, else the body text."""
-    try:
-        data = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        data = None
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return _snippet(error["message"])
-        for candidate in (error, data.get("message"), data.get("detail")):
-            if isinstance(candidate, str) and candidate:
-                return _snippet(candidate)
-    text = response.text.strip()
-    return _snippet(text) if text else f"(empty body, reason {response.reason_phrase!r})"
-
-
-def _is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _parse_number(options: dict[str, str], name: str, kind: type[int] | type[float], default: float) -> Any:

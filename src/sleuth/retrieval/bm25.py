@@ -19,15 +19,25 @@ import os
 import re
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sleuth.records import Passage
-from sleuth.retrieval.base import INDEX_MANIFEST, RetrievalError, Retriever, read_manifest, register_retriever
+from sleuth.retrieval.base import (
+    INDEX_MANIFEST,
+    RetrievalError,
+    Retriever,
+    check_options,
+    read_manifest,
+    register_retriever,
+)
+from sleuth.retrieval.building import BuildReport, corpus_identity, write_atomic
 from sleuth.retrieval.store import PassageStore, passage_line
 
 FORMAT_VERSION = 1
@@ -102,27 +112,6 @@ class _TokenLists(Sequence[list[int]]):
             yield self[i]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _corpus_identity(corpus: Path) -> dict[str, Any]:
-    stat = corpus.stat()
-    return {"path": str(corpus.resolve()), "size": stat.st_size, "mtime": stat.st_mtime}
-
-
-@dataclass
-class BuildReport:
-    passages: int
-    skipped: int
-    resumed_chunks: int
-    seconds: float
-    index_dir: Path
-    skipped_messages: list[str]
-
-
 def build_bm25_index(
     corpus: str | Path,
     out: str | Path,
@@ -146,7 +135,7 @@ def build_bm25_index(
         raise RetrievalError(f"{out} already exists; pass overwrite=True (--overwrite) to rebuild it")
     work = out.with_name(out.name + ".partial")
     state_path = work / "build.json"
-    identity = {"corpus": _corpus_identity(corpus), "format": format, "params": asdict(params), "chunk": chunk_size}
+    identity = {"corpus": corpus_identity(corpus), "format": format, "params": asdict(params), "chunk": chunk_size}
     state: dict[str, Any] = {"identity": identity, "chunks": 0, "vocab": 1, "passages": 0, "skipped": 0, "errors": []}
     if state_path.exists() and json.loads(state_path.read_text())["identity"] == identity:
         state = json.loads(state_path.read_text())
@@ -168,8 +157,8 @@ def build_bm25_index(
 
     reader = CorpusReader(corpus, format=format, strict=strict)
     passages = iter(reader)
-    for _ in range(state["chunks"] * chunk_size):  # skip what finished chunks already hold
-        next(passages)
+    # skip what finished chunks already hold (islice: the last finished chunk may be short)
+    deque(islice(passages, state["chunks"] * chunk_size), maxlen=0)
     chunk_index = state["chunks"]
     while True:
         batch: list[Passage] = [p for _, p in zip(range(chunk_size), passages, strict=False)]
@@ -178,7 +167,7 @@ def build_bm25_index(
         vocab_before = len(tokenizer.vocab)
         token_ids = [tokenizer.document_ids(f"{p.title}\n{p.text}" if params.index_title else p.text) for p in batch]
         stem = work / "chunks" / f"{chunk_index:06d}"
-        _write_atomic(stem.with_suffix(".jsonl"), b"".join(passage_line(p) for p in batch))
+        write_atomic(stem.with_suffix(".jsonl"), b"".join(passage_line(p) for p in batch))
         np.save(stem.with_suffix(".lens.npy"), np.array([len(t) for t in token_ids], dtype=np.int32))
         np.save(stem.with_suffix(".ids.npy"), np.fromiter((i for t in token_ids for i in t), dtype=np.int32))
         with open(vocab_path, "a", encoding="utf-8") as f:
@@ -191,7 +180,7 @@ def build_bm25_index(
             skipped=reader.skipped,  # the reader re-reads finished chunks on resume, so its count is complete
             errors=reader.errors[:20],
         )
-        _write_atomic(state_path, json.dumps(state).encode())
+        write_atomic(state_path, json.dumps(state).encode())
         if on_progress:
             on_progress(reader.bytes_read, reader.total_bytes, state["passages"])
         if len(batch) < chunk_size:
@@ -293,5 +282,6 @@ class BM25Retriever(Retriever):
 
 
 @register_retriever("bm25")
-def _load_bm25(target: str) -> BM25Retriever:
+def _load_bm25(target: str, options: dict[str, str]) -> BM25Retriever:
+    check_options("bm25", options, ())
     return BM25Retriever(target)

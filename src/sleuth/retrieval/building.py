@@ -1,0 +1,35 @@
+"""Helpers shared by the index builders: atomic small writes, corpus identity for resumes, the build report."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` so that a reader (or a resumed build) sees the old file or the new one, never half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def corpus_identity(corpus: Path) -> dict[str, Any]:
+    """What a resumed build compares to decide that the corpus file is still the one it started on."""
+    stat = corpus.stat()
+    return {"path": str(corpus.resolve()), "size": stat.st_size, "mtime": stat.st_mtime}
+
+
+@dataclass
+class BuildReport:
+    """What a build did. ``resumed_chunks`` counts passage chunks reused from an interrupted build,
+    ``resumed_embeddings`` (dense builds) the passages whose embeddings were reused."""
+
+    passages: int
+    skipped: int
+    resumed_chunks: int
+    seconds: float
+    index_dir: Path
+    skipped_messages: list[str]
+    resumed_embeddings: int = 0

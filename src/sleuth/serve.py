@@ -1,0 +1,208 @@
+"""Serve a retriever over HTTP with Search-R1's retrieval contract (needs the ``serve`` extra: fastapi, uvicorn).
+
+Endpoints::
+
+    POST /retrieve  {"queries": ["...", ...], "topk": 3, "return_scores": false}
+        return_scores false -> {"result": [[{"id": "7", "contents": "\\"Title\\"\\ntext"}, ...], ...]}
+        return_scores true  -> {"result": [[{"document": {"id": "7", "contents": "..."}, "score": 12.3}, ...], ...]}
+    GET /health     {"status": "ok", "passages": N, "retriever": {...Retriever.describe()...}}
+
+One inner list per query, in request order, best hit first. This is exactly what Search-R1's
+``retrieval_server.py`` answers, so Search-R1 / FlashRAG clients (and
+:class:`~sleuth.retrieval.remote.RemoteRetriever`) can use a sleuth index unchanged.
+
+Bad requests get a JSON ``{"detail": "<what is wrong>"}``: 400 for a body that is not JSON (or a malformed
+Content-Length), 422 for a body that does not validate (missing or mistyped field, empty query list, a non-string
+query, ``topk`` outside ``1..max_topk``, more than ``max_queries`` queries), 413 for a body over ``max_body_bytes``
+(checked against Content-Length and against the bytes actually read, so chunked bodies are bounded too), 401 for a
+missing or wrong bearer token when ``token`` is set (``/health`` stays open).
+
+With ``batching=True`` every query goes through :meth:`Retriever.asearch`, so queries of concurrent requests are
+coalesced by the retriever's micro-batcher into one batched ``search`` call; with ``batching=False`` each query is a
+``search([q], k)`` call of its own. Searches always run in worker threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+from typing import Any
+
+import fastapi
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, create_model
+from starlette.requests import ClientDisconnect
+
+from sleuth._http import is_loopback
+from sleuth.records import Passage
+from sleuth.retrieval.base import RetrievalError, Retriever
+
+logger = logging.getLogger("sleuth.serve")
+
+DEFAULT_TOPK = 3
+# Above this many hits the JSON response is encoded in a worker thread, not on the event loop.
+_THREAD_ENCODE_HITS = 2000
+
+
+def _request_model(max_topk: int, max_queries: int) -> type[BaseModel]:
+    return create_model(
+        "RetrieveRequest",
+        __config__=ConfigDict(extra="ignore"),
+        queries=(list[StrictStr], Field(min_length=1, max_length=max_queries)),
+        topk=(StrictInt, Field(default=DEFAULT_TOPK, ge=1, le=max_topk)),
+        return_scores=(StrictBool, False),
+    )
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "body"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status, headers=headers)
+
+
+def _hit(passage: Passage, with_score: bool) -> dict[str, Any]:
+    document = {"id": str(passage.id), "contents": passage.contents}
+    if not with_score:
+        return document
+    return {"document": document, "score": None if passage.score is None else float(passage.score)}
+
+
+def create_app(
+    retriever: Retriever,
+    *,
+    max_topk: int = 100,
+    max_queries: int = 512,
+    max_body_bytes: int = 1_000_000,
+    token: str | None = None,
+    batching: bool = True,
+) -> fastapi.FastAPI:
+    """A FastAPI app serving ``retriever`` on ``POST /retrieve`` and ``GET /health`` (see the module docstring)."""
+    if max_topk < 1 or max_queries < 1 or max_body_bytes < 1:
+        raise ValueError("max_topk, max_queries and max_body_bytes must be >= 1")
+    if token is not None and not token:
+        raise ValueError("token is empty; pass None to serve without authentication")
+    request_model = _request_model(max_topk, max_queries)
+    expected_auth = f"Bearer {token}".encode() if token else None
+
+    app = fastapi.FastAPI(
+        title="sleuth retriever", docs_url=None, redoc_url=None, openapi_url=None, description=__doc__
+    )
+    app.state.retriever = retriever
+    app.state.batching = batching
+
+    async def search(queries: list[str], k: int) -> list[list[Passage]]:
+        if batching:
+            return list(await asyncio.gather(*(retriever.asearch(q, k) for q in queries)))
+        results = await asyncio.gather(*(asyncio.to_thread(retriever.search, [q], k) for q in queries))
+        for result in results:
+            if len(result) != 1:
+                raise RetrievalError(f"search returned {len(result)} result lists for 1 query")
+        return [result[0] for result in results]
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        def describe() -> tuple[int, dict[str, Any]]:  # len() of a remote retriever makes an HTTP call
+            return len(retriever), retriever.describe()
+
+        passages, description = await asyncio.to_thread(describe)
+        return {"status": "ok", "passages": passages, "retriever": description}
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        if expected_auth is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected_auth):
+                reason = "missing bearer token" if not given else "wrong bearer token"
+                return _error(401, f"{reason}: send 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
+
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                declared_bytes = int(declared)
+            except ValueError:
+                return _error(400, f"malformed Content-Length header {declared!r}")
+            if declared_bytes > max_body_bytes:
+                return _error(413, f"request body of {declared_bytes} bytes exceeds the limit of {max_body_bytes}")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    return _error(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return Response(status_code=400)
+
+        try:
+            payload = json.loads(b"".join(chunks))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error(400, f"request body is not valid JSON: {exc}")
+        if not isinstance(payload, dict):
+            return _error(422, f"request body must be a JSON object, not {type(payload).__name__}")
+        try:
+            body = request_model.model_validate(payload)
+        except ValidationError as exc:
+            return _error(422, _validation_message(exc))
+
+        queries: list[str] = body.queries  # type: ignore[attr-defined]
+        k: int = body.topk  # type: ignore[attr-defined]
+        with_scores: bool = body.return_scores  # type: ignore[attr-defined]
+        try:
+            results = await search(queries, k)
+        except Exception as exc:  # the server keeps serving; the client sees a retryable 500
+            logger.exception("search failed for %d queries (topk=%d)", len(queries), k)
+            return _error(500, f"retrieval failed: {type(exc).__name__}: {exc}")
+
+        answer = {"result": [[_hit(p, with_scores) for p in hits] for hits in results]}
+        if sum(len(hits) for hits in results) > _THREAD_ENCODE_HITS:
+            content = await asyncio.to_thread(json.dumps, answer, ensure_ascii=False)
+        else:
+            content = json.dumps(answer, ensure_ascii=False)
+        return Response(content=content.encode("utf-8"), media_type="application/json")
+
+    return app
+
+
+def token_from_env(name: str) -> str:
+    """The bearer token held by the environment variable ``name`` (tokens never come from the command line)."""
+    token = os.environ.get(name, "")
+    if not token:
+        raise RetrievalError(f"environment variable {name} (named by --token-env) is unset or empty")
+    return token
+
+
+def run_server(
+    retriever: Retriever,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    token_env: str | None = None,
+    log_level: str = "info",
+    access_log: bool = False,
+    **app_options: Any,
+) -> None:
+    """Serve ``retriever`` with uvicorn until interrupted; ``app_options`` go to :func:`create_app`.
+
+    ``token_env`` names an environment variable holding the bearer token (an alternative to ``token=``).
+    """
+    import uvicorn
+
+    if token_env:
+        if app_options.get("token"):
+            raise ValueError("pass either token or token_env, not both")
+        app_options["token"] = token_from_env(token_env)
+    app = create_app(retriever, **app_options)
+    if not app_options.get("token") and not is_loopback(f"http://[{host}]" if ":" in host else f"http://{host}"):
+        logger.warning("serving on %s:%d without a bearer token: anyone who can reach it can query it", host, port)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log)
