@@ -252,8 +252,12 @@ def _number(options: dict[str, str], name: str, kind: type[int] | type[float], d
         raise RetrievalError(f"remote retriever option {name}={raw!r} is not a valid {kind.__name__}") from None
 
 
-def load_remote(target: str, options: dict[str, str]) -> RemoteRetriever:
-    """Loader for ``remote:URL`` specs; ``options`` are the spec's ``?key=value`` pairs (see the module docstring)."""
+def load_remote(target: str, options: dict[str, str]) -> Retriever:
+    """Loader for ``remote:URL`` specs; ``options`` are the spec's ``?key=value`` pairs (see the module docstring).
+
+    ``remote:URL1,URL2,...`` names the shards of one corpus: each is searched and the hits are merged by score
+    (:class:`~sleuth.retrieval.sharded.ShardedRetriever`).
+    """
     key_like = sorted(k for k in options if k.lower() in _KEY_LIKE_OPTIONS)
     if key_like:
         raise RetrievalError(
@@ -263,17 +267,23 @@ def load_remote(target: str, options: dict[str, str]) -> RemoteRetriever:
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise RetrievalError(f"unknown remote retriever option(s) {unknown}; known: {list(_OPTIONS)}")
-    url = target.strip()
-    if "://" not in url:
-        url = f"http://{url}"
-    return RemoteRetriever(
-        url,
-        timeout=_number(options, "timeout", float, 30.0),
-        max_retries=_number(options, "max_retries", int, 5),
-        backoff=_number(options, "backoff", float, 0.5),
-        batch_size=_number(options, "batch_size", int, 256),
-        token_env=options.get("token_env") or None,
-    )
+    clients = [
+        RemoteRetriever(
+            url if "://" in url else f"http://{url}",
+            timeout=_number(options, "timeout", float, 30.0),
+            max_retries=_number(options, "max_retries", int, 5),
+            backoff=_number(options, "backoff", float, 0.5),
+            batch_size=_number(options, "batch_size", int, 256),
+            token_env=options.get("token_env") or None,
+        )
+        for url in (part.strip() for part in target.split(","))
+        if url
+    ]
+    if len(clients) == 1:
+        return clients[0]
+    from sleuth.retrieval.sharded import ShardedRetriever
+
+    return ShardedRetriever(clients)
 
 
 register_retriever("remote")(load_remote)
