@@ -78,6 +78,73 @@ def ask(
         raise typer.Exit(code=2)
 
 
+@app.command("eval")
+def eval_command(
+    method: Annotated[str, typer.Option(help="Agent to evaluate: direct, naive_rag, ...")],
+    data: Annotated[list[Path], typer.Option(help="Dataset file (repeatable); format auto-detected.")],
+    out: Annotated[Path, typer.Option(help="Run directory (re-running resumes it).")],
+    format: Annotated[str | None, typer.Option(help="Dataset format, overriding detection.")] = None,
+    limit: Annotated[int | None, typer.Option(help="First N examples of each file.")] = None,
+    llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, or 'default'.")] = "default",
+    index: Annotated[str | None, typer.Option(help="Retriever spec or index dir (default: bundled wiki).")] = None,
+    open_mode: Annotated[
+        bool, typer.Option("--open", help="Search each dataset's own paragraphs, pooled into a BM25 index.")
+    ] = False,
+    k: Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Generation budget per LLM call.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Examples in flight at once (their calls are batched).")] = 32,
+) -> None:
+    """Evaluate a method on dataset files: traces.jsonl, metrics.json, report.md; resumes after a kill."""
+    from sleuth.data import DatasetError
+    from sleuth.eval.evaluate import EvalConfig, EvalError, evaluate
+    from sleuth.llm import LLMError
+    from sleuth.retrieval import RetrievalError
+
+    if open_mode and index:
+        _fail("--open and --index exclude each other")
+    config = EvalConfig(
+        method=method,
+        data=[str(p) for p in data],
+        out=str(out),
+        format=format,
+        limit=limit,
+        llm=llm,
+        index=index,
+        open=open_mode,
+        k=k,
+        max_new_tokens=max_new_tokens,
+        concurrency=concurrency,
+    )
+    try:
+        metrics = evaluate(config)
+    except (DatasetError, EvalError, LLMError, RetrievalError, KeyError, FileNotFoundError) as exc:
+        _fail(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
+    Console().print((out / "report.md").read_text())
+    overall = metrics["overall"]
+    console.print(f"[green]{metrics['n']} examples[/] written to {out} (errors: {overall['errors']})")
+
+
+@app.command("report")
+def report_command(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories written by `sleuth eval`.")],
+    html: Annotated[bool, typer.Option(help="Also write RUN/report.html, a self-contained trace browser.")] = False,
+    png: Annotated[Path | None, typer.Option(help="Write a bar chart of --metric per dataset and run.")] = None,
+    metric: Annotated[str, typer.Option(help="Metric for the chart.")] = "em",
+) -> None:
+    """Print a run's report, or several runs side by side; optionally an HTML trace browser and a PNG chart."""
+    from sleuth.eval.report import bar_chart, compare_runs, html_report, markdown_report
+
+    for run in runs:
+        if not (run / "traces.jsonl").exists():
+            _fail(f"{run} is not a run directory (no traces.jsonl); create one with `sleuth eval`")
+    sys.stdout.write(markdown_report(runs[0]) if len(runs) == 1 else compare_runs(runs))
+    if html:
+        for run in runs:
+            console.print(f"[green]wrote[/] {html_report(run, run / 'report.html')}")
+    if png:
+        console.print(f"[green]wrote[/] {bar_chart(runs, png, metric=metric)}")
+
+
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="Text to search for.")],
@@ -219,6 +286,44 @@ def index_info(index: Annotated[Path, typer.Argument(help="Index directory.")]) 
         sys.stdout.write(json.dumps(read_manifest(index), indent=2) + "\n")
     except RetrievalError as exc:
         _fail(str(exc))
+
+
+data_app = typer.Typer(help="Datasets: the synthetic multi-hop world.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("synth")
+def data_synth(
+    out: Annotated[Path, typer.Option(help="Output directory: corpus.jsonl, train/dev/test.jsonl, world.json.")],
+    seed: Annotated[int, typer.Option(help="Random seed (the world is deterministic per seed).")] = 0,
+    min_hops: Annotated[int, typer.Option(help="Fewest hops per question.")] = 2,
+    max_hops: Annotated[int, typer.Option(help="Most hops per question (<= 4).")] = 4,
+    distractors: Annotated[int, typer.Option(help="Distractor documents per question.")] = 6,
+    paraphrase: Annotated[int, typer.Option(help="Template variety 0-2.")] = 1,
+    train_questions: Annotated[int, typer.Option(help="Questions in the train split.")] = 5000,
+    dev_questions: Annotated[int, typer.Option(help="Questions in the dev split.")] = 500,
+    test_questions: Annotated[int, typer.Option(help="Questions in the test split.")] = 500,
+    context: Annotated[bool, typer.Option(help="Put supporting + distractor docs in each example's context.")] = False,
+) -> None:
+    """Generate the synthetic multi-hop world (fictional entities, gold decompositions, distractors)."""
+    from sleuth.data.synth import synthesize
+
+    try:
+        info = synthesize(
+            out,
+            seed=seed,
+            min_hops=min_hops,
+            max_hops=max_hops,
+            distractors=distractors,
+            paraphrase=paraphrase,
+            train_questions=train_questions,
+            dev_questions=dev_questions,
+            test_questions=test_questions,
+            context=context,
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    sys.stdout.write(json.dumps(info, indent=2) + "\n")
 
 
 serve_app = typer.Typer(help="Serve sleuth components over HTTP.", no_args_is_help=True)

@@ -1,0 +1,268 @@
+"""``sleuth eval``: run a method over dataset files, score every trace, write a resumable run directory.
+
+Run directory::
+
+    RUN/config.json    the resolved configuration (refuses to resume into a run of a different configuration)
+    RUN/traces.jsonl   one Trace per line, with trace.meta["scores"]; an example is done when its line is written
+    RUN/metrics.json   overall and per-dataset means, LLM calls, tokens and seconds per question, fallbacks, errors
+    RUN/report.md      the same as a markdown table
+    RUN/open-index/    (open mode) a BM25 index per dataset over the paragraphs the dataset gives
+
+A killed run re-run with the same arguments skips every example whose trace line is complete (a torn last line is
+cut off), so no example is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sleuth.agents import Context, get_agent
+from sleuth.eval.metrics import score_example
+from sleuth.llm import load_llm
+from sleuth.records import Example, Trace
+from sleuth.retrieval import Retriever, load_retriever
+
+RESUME_KEYS = ("method", "data", "format", "limit", "llm", "index", "open", "method_config")
+
+
+class EvalError(RuntimeError):
+    """A run cannot start or resume (e.g. the run directory holds a different configuration)."""
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate. ``index`` is a retriever spec (default: the bundled wiki index) unless ``open`` is set,
+    in which case each dataset file is searched over the pool of its own given paragraphs."""
+
+    method: str
+    data: list[str]
+    out: str
+    format: str | None = None
+    limit: int | None = None
+    llm: str = "default"
+    index: str | None = None
+    open: bool = False
+    k: int | None = None
+    max_new_tokens: int | None = None
+    concurrency: int = 32
+    method_config: dict[str, Any] = field(default_factory=dict)
+
+
+def dataset_name(path: str | Path) -> str:
+    """A short, stable dataset label: the parent folder and the file stem (``hotpotqa/hotpot``)."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.stem}" if p.parent.name else p.stem
+
+
+def retrieved_ids(trace: Trace) -> list[str]:
+    """Ids of every passage the agent's searches returned, first-seen order (recall@k reads the first k)."""
+    seen: dict[str, None] = {}
+    for step in trace.steps:
+        if step.kind == "search":
+            for passage in step.passages:
+                seen.setdefault(passage.id, None)
+    return list(seen)
+
+
+def score_trace(trace: Trace) -> dict[str, float | None]:
+    searched = any(s.kind == "search" for s in trace.steps)
+    return score_example(trace.example, trace.answer, retrieved_ids(trace) if searched else None)
+
+
+def read_traces(path: Path, repair: bool = False) -> list[Trace]:
+    """The complete trace lines of ``path``; with ``repair`` a torn last line (a killed write) is cut off."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        if not repair:
+            data = data[: data.rfind(b"\n") + 1]
+        else:
+            keep = data.rfind(b"\n") + 1
+            with open(path, "r+b") as f:
+                f.truncate(keep)
+            data = data[:keep]
+    return [Trace.from_json(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+
+
+def aggregate(traces: Iterable[Trace]) -> dict[str, Any]:
+    """Means of every score (ignoring None), plus cost and robustness counts, overall and per dataset."""
+    traces = list(traces)
+
+    def summary(group: list[Trace]) -> dict[str, Any]:
+        sums: dict[str, float] = {}
+        counts: Counter[str] = Counter()
+        for trace in group:
+            for name, value in (trace.meta.get("scores") or {}).items():
+                if value is not None:
+                    sums[name] = sums.get(name, 0.0) + float(value)
+                    counts[name] += 1
+        n = len(group) or 1
+        kinds = Counter(kind for t in group for kind in t.fallbacks)
+        return {
+            "n": len(group),
+            **{name: sums[name] / counts[name] for name in sorted(sums)},
+            "llm_calls": sum(t.llm_calls for t in group) / n,
+            "prompt_tokens": sum(t.prompt_tokens for t in group) / n,
+            "completion_tokens": sum(t.completion_tokens for t in group) / n,
+            "seconds": sum(t.seconds for t in group) / n,
+            "fallbacks": sum(kinds.values()),
+            "fallback_kinds": dict(kinds),
+            "examples_with_fallback": sum(1 for t in group if t.fallbacks),
+            "errors": sum(1 for t in group if t.error),
+        }
+
+    datasets: dict[str, list[Trace]] = {}
+    for trace in traces:
+        datasets.setdefault(trace.example.metadata.get("dataset", "data"), []).append(trace)
+    return {
+        "n": len(traces),
+        "overall": summary(traces),
+        "per_dataset": {name: summary(group) for name, group in datasets.items()},
+    }
+
+
+def _method_config(config: EvalConfig) -> Any:
+    spec = get_agent(config.method)
+    method_config = spec.config_cls(**config.method_config)
+    if config.k is not None and hasattr(method_config, "k"):
+        method_config.k = config.k
+    if config.max_new_tokens is not None and hasattr(method_config, "sampling"):
+        method_config.sampling = dataclasses.replace(method_config.sampling, max_new_tokens=config.max_new_tokens)
+    return method_config
+
+
+def _open_retriever(examples: list[Example], out: Path, name: str) -> Retriever:
+    from sleuth.data import write_open_corpus
+    from sleuth.retrieval.base import INDEX_MANIFEST
+    from sleuth.retrieval.bm25 import build_bm25_index
+
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    index_dir = out / "open-index" / slug
+    if not (index_dir / INDEX_MANIFEST).exists():
+        corpus = out / "open-index" / f"{slug}.jsonl"
+        corpus.parent.mkdir(parents=True, exist_ok=True)
+        if write_open_corpus(examples, corpus) == 0:
+            raise EvalError(f"open mode: {name} gives no paragraphs to search; pass --index instead")
+        build_bm25_index(corpus, index_dir, overwrite=True)
+    return load_retriever(str(index_dir))
+
+
+def _unique_ids(examples: list[Example]) -> list[Example]:
+    """Resume keys on example ids, so repeated ids in one file get a ``#n`` suffix (recorded in metadata)."""
+    seen: Counter[str] = Counter()
+    for example in examples:
+        seen[example.id] += 1
+        if seen[example.id] > 1:
+            example.metadata["original_id"] = example.id
+            example.id = f"{example.id}#{seen[example.id]}"
+    return examples
+
+
+def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an evaluation; return the metrics written to ``metrics.json``."""
+    from sleuth.data import load_examples
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    method_config = _method_config(config)
+    resolved = {**asdict(config), "method_config": _jsonable(method_config)}
+    config_path = out / "config.json"
+    if config_path.exists():
+        previous = json.loads(config_path.read_text())
+        changed = [key for key in RESUME_KEYS if previous.get(key) != resolved.get(key)]
+        if changed:
+            raise EvalError(f"{out} holds a run with different {changed}; use another --out to start a new run")
+        resolved["started_at"] = previous.get("started_at")
+    else:
+        resolved["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    from sleuth import __version__
+
+    resolved["sleuth_version"] = __version__
+    config_path.write_text(json.dumps(resolved, indent=2) + "\n")
+
+    traces_path = out / "traces.jsonl"
+    done = {(t.example.metadata.get("dataset"), t.example.id) for t in read_traces(traces_path, repair=True)}
+    spec = get_agent(config.method)
+    llm = load_llm(None if config.llm == "default" else config.llm)
+    shared_retriever: Retriever | None = None
+    with open(traces_path, "a", encoding="utf-8") as sink:
+        for path in config.data:
+            name = dataset_name(path)
+            examples = _unique_ids(load_examples(path, format=config.format, limit=config.limit))
+            for example in examples:
+                example.metadata["dataset"] = name
+            todo = [e for e in examples if (name, e.id) not in done]
+            if not todo:
+                continue
+            retriever = None
+            if spec.needs_retriever:
+                if config.open:
+                    retriever = _open_retriever(examples, out, name)
+                else:
+                    shared_retriever = shared_retriever or load_retriever(config.index)
+                    retriever = shared_retriever
+            ctx = Context(llm=llm, retriever=retriever, config=method_config)
+            _run_dataset(config, ctx, todo, name, sink, progress, already=len(examples) - len(todo))
+
+    metrics = aggregate(read_traces(traces_path))
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    from sleuth.eval.report import markdown_report
+
+    (out / "report.md").write_text(markdown_report(out))
+    return metrics
+
+
+def _run_dataset(
+    config: EvalConfig, ctx: Context, todo: list[Example], name: str, sink: Any, progress: bool, already: int
+) -> None:
+    import asyncio
+
+    from sleuth.runner import arun
+
+    running: dict[str, float] = {"n": 0, "em": 0.0}
+    bar = task = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("EM {task.fields[em]}"),
+            TimeElapsedColumn(),
+        )
+        task = bar.add_task(f"{config.method} · {name}", total=len(todo) + already, completed=already, em="–")
+        bar.start()
+
+    def write(trace: Trace) -> None:
+        trace.meta["scores"] = score_trace(trace)
+        sink.write(trace.to_json() + "\n")  # one write per complete line: a kill leaves at most a torn last line
+        sink.flush()
+        os.fsync(sink.fileno())
+        em = trace.meta["scores"].get("em")
+        if em is not None:
+            running["n"] += 1
+            running["em"] += em
+        if bar is not None and task is not None:
+            shown = f"{100 * running['em'] / running['n']:.1f}" if running["n"] else "–"
+            bar.update(task, advance=1, em=shown)
+
+    try:
+        asyncio.run(arun(config.method, todo, ctx, concurrency=config.concurrency, on_trace=write, progress=False))
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(asdict(value) if dataclasses.is_dataclass(value) else value, default=str))

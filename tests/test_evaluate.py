@@ -1,0 +1,162 @@
+"""`sleuth eval`: scoring, aggregation, open mode, and resume after SIGKILL without lost or duplicated examples."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sleuth.eval.evaluate import EvalConfig, EvalError, aggregate, evaluate, read_traces
+from sleuth.records import Example, Step, Trace
+
+FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
+
+
+def write_dataset(path: Path, n: int) -> Path:
+    """A FlashRAG-format file with n questions, each with two given paragraphs (one supporting)."""
+    rows = []
+    for i in range(n):
+        rows.append(
+            {
+                "id": f"q{i}",
+                "question": f"What colour is the gadget item{i}?",
+                "golden_answers": [f"colour{i % 3}"],
+                "metadata": {
+                    "supporting_facts": {"title": [f"Object {i}"], "sent_id": [0]},
+                    "context": {
+                        "title": [f"Object {i}", f"Other {i}"],
+                        "sentences": [[f"The gadget item{i} is colour{i % 3}."], [f"Other thing {i} is large."]],
+                    },
+                },
+            }
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_torn_last_line_is_repaired(tmp_path: Path) -> None:
+    trace = Trace(example=Example(id="a", question="q"), method="direct", answer="x")
+    path = tmp_path / "traces.jsonl"
+    path.write_text(trace.to_json() + "\n" + trace.to_json()[:25])
+    assert len(read_traces(path)) == 1 and path.read_text().count("\n") == 1 and not path.read_text().endswith("\n")
+    assert len(read_traces(path, repair=True)) == 1 and path.read_text().endswith("\n")
+
+
+def test_aggregate_means_costs_and_fallbacks() -> None:
+    def trace(dataset: str, em: float | None, fallback: str | None = None, error: str | None = None) -> Trace:
+        t = Trace(example=Example(id="x", question="q", metadata={"dataset": dataset}), method="m", error=error)
+        t.add(Step(kind="answer", messages=[], prompt_tokens=10, completion_tokens=2, fallback=fallback))
+        t.meta["scores"] = {"em": em}
+        t.seconds = 2.0
+        return t
+
+    metrics = aggregate([trace("a", 1.0), trace("a", 0.0, "first_line"), trace("b", None, error="boom")])
+    assert metrics["n"] == 3 and metrics["overall"]["em"] == 0.5  # None is not averaged in
+    assert metrics["per_dataset"]["a"]["n"] == 2 and "em" not in metrics["per_dataset"]["b"]
+    assert metrics["overall"]["fallbacks"] == 1 and metrics["overall"]["fallback_kinds"] == {"first_line": 1}
+    assert metrics["overall"]["errors"] == 1 and metrics["overall"]["llm_calls"] == 1.0
+    assert metrics["overall"]["prompt_tokens"] == 10 and metrics["overall"]["seconds"] == 2.0
+
+
+def test_open_mode_naive_rag_end_to_end(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = write_dataset(tmp_path / "toy" / "dev.jsonl", 12)
+    config = EvalConfig(
+        method="naive_rag",
+        data=[str(data)],
+        out=str(tmp_path / "run"),
+        llm=f"hf:{tiny_model_dir}",
+        open=True,
+        k=2,
+        max_new_tokens=6,
+    )
+    metrics = evaluate(config, progress=False)
+    traces = read_traces(tmp_path / "run" / "traces.jsonl")
+    assert metrics["n"] == 12 == len(traces) and set(metrics["per_dataset"]) == {"toy/dev"}
+    overall = metrics["overall"]
+    assert overall["recall@1"] == 1.0, "BM25 over the pooled paragraphs finds each question's own paragraph first"
+    assert 0.0 <= overall["em"] <= 1.0 and overall["llm_calls"] == 1.0 and overall["errors"] == 0
+    first = traces[0]
+    assert first.steps[0].passages[0].id in first.example.supporting_ids
+    assert set(first.meta["scores"]) >= {"em", "f1", "acc", "recall@1", "recall@5"}
+    for name in ("config.json", "metrics.json", "report.md"):
+        assert (tmp_path / "run" / name).exists()
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["open"] is True
+    with pytest.raises(EvalError, match="different"):
+        evaluate(EvalConfig(method="direct", data=[str(data)], out=str(tmp_path / "run")), progress=False)
+
+
+def _eval_command(data: Path, out: Path, model: Path) -> list[str]:
+    sleuth = Path(sys.executable).with_name("sleuth")
+    return [
+        str(sleuth),
+        "eval",
+        "--method",
+        "direct",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--llm",
+        f"hf:{model}",
+        "--max-new-tokens",
+        "12",
+        "--concurrency",
+        "1",
+    ]
+
+
+def test_sigkill_then_resume_gives_each_example_once(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = write_dataset(tmp_path / "toy" / "dev.jsonl", 60)
+    reference = tmp_path / "reference"
+    subprocess.run(_eval_command(data, reference, tiny_model_dir), check=True, capture_output=True, timeout=600)
+
+    run = tmp_path / "killed"
+    traces = run / "traces.jsonl"
+    process = subprocess.Popen(
+        _eval_command(data, run, tiny_model_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 300
+    while not (traces.exists() and traces.read_bytes().count(b"\n") >= 5):
+        assert process.poll() is None, "the run finished before it could be killed; make it longer"
+        assert time.time() < deadline
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    written = traces.read_bytes().count(b"\n")
+    assert 5 <= written < 60
+
+    subprocess.run(_eval_command(data, run, tiny_model_dir), check=True, capture_output=True, timeout=600)
+    ids = [t.example.id for t in read_traces(traces)]
+    assert sorted(ids) == sorted(f"q{i}" for i in range(60)) and len(ids) == len(set(ids))
+    resumed = json.loads((run / "metrics.json").read_text())
+    expected = json.loads((reference / "metrics.json").read_text())
+    for key in ("n", "em", "f1", "acc", "llm_calls", "prompt_tokens", "completion_tokens", "errors"):
+        got = resumed["overall"].get(key, resumed.get(key))
+        want = expected["overall"].get(key, expected.get(key))
+        assert got == pytest.approx(want), key
+    by_id = {t.example.id: t.answer for t in read_traces(reference / "traces.jsonl")}
+    assert {t.example.id: t.answer for t in read_traces(traces)} == by_id
+
+
+def test_fixture_loads_through_eval(tmp_path: Path, tiny_model_dir: Path) -> None:
+    metrics = evaluate(
+        EvalConfig(
+            method="direct",
+            data=[str(FIXTURES / "flashrag_hotpotqa.jsonl")],
+            out=str(tmp_path / "r"),
+            llm=f"hf:{tiny_model_dir}",
+            max_new_tokens=4,
+        ),
+        progress=False,
+    )
+    assert metrics["n"] == 2 and "recall@1" not in metrics["overall"]  # direct does not search
