@@ -21,6 +21,7 @@ format          file (schema in the loader's docstring)                         
 ``docmath``     DocMath-Eval (``question_id, question, paragraphs, ..., ground_truth``)                    math
 ``pubmedqa``    PubMedQA (``{pmid: {QUESTION, CONTEXTS, final_decision}}``), yes/no/maybe as options      mcq
 ``medqa``       MedQA-USMLE (``question, options, answer_idx``)                                           mcq
+``synth``       sleuth's own ``Example.to_dict()`` jsonl: the synthetic world's splits (no detection)     qa
 ==============  ========================================================================================  =======
 
 :func:`detect_format` reads the first record's keys; :func:`iter_examples`/:func:`load_examples` use it unless a
@@ -62,6 +63,7 @@ from sleuth.data.multihop import (
     load_musique,
 )
 from sleuth.data.numeric import load_docmath, load_gsm8k, load_tatqa
+from sleuth.data.synth import load_synth
 from sleuth.records import Example, Passage
 
 __all__ = [
@@ -93,6 +95,7 @@ LOADERS: dict[str, Loader] = {
     "docmath": load_docmath,
     "pubmedqa": load_pubmedqa,
     "medqa": load_medqa,
+    "synth": load_synth,
 }
 
 _STEP_KEY = re.compile(r"[QA]\d+", re.IGNORECASE)
@@ -101,7 +104,9 @@ _STEP_KEY = re.compile(r"[QA]\d+", re.IGNORECASE)
 def format_of_record(record: dict[str, Any], from_csv: bool = False) -> str | None:
     """The format a record's keys identify, or None. The rules, first match wins:
 
-    ``question_text`` + ``answers_objects`` -> ircot; ``golden_answers`` -> flashrag; ``table`` + ``questions``
+    ``id`` + ``question`` + ``answers`` + ``kind`` + ``supporting_ids`` (``Example.to_dict()``, as written by
+    ``sleuth data synth``) -> synth; ``question_text`` + ``answers_objects`` -> ircot; ``golden_answers`` ->
+    flashrag; ``table`` + ``questions``
     -> tatqa; ``QUESTION`` + ``CONTEXTS`` or ``pubid`` + ``final_decision`` -> pubmedqa; ``options`` +
     ``answer_idx`` -> medqa; a ``claim`` key -> hover when it also has ``num_hops`` or ``uid`` +
     ``supporting_facts``, else fever; ``question_decomposition`` -> musique; ``evidences`` or ``entity_ids`` ->
@@ -112,6 +117,8 @@ def format_of_record(record: dict[str, Any], from_csv: bool = False) -> str | No
     """
     keys = set(record)
     lower = {k.strip().lower() for k in keys}
+    if {"id", "question", "answers", "kind", "supporting_ids"} <= keys:  # Example.to_dict(): sleuth's own files
+        return "synth"
     if {"question_text", "answers_objects"} <= keys:
         return "ircot"
     if "golden_answers" in keys:
