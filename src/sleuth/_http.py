@@ -79,3 +79,31 @@ def is_loopback(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+CREDENTIAL_OPTIONS = ("key", "api_key", "apikey", "token", "api_token", "bearer", "secret", "password")
+
+
+def refuse_credentials(options: dict[str, str], error: type[Exception], where: str, hint: str) -> None:
+    """Refuse spec options that look like credentials: secrets are read from the environment only."""
+    found = sorted(k for k in options if k.lower() in CREDENTIAL_OPTIONS)
+    if found:
+        raise error(f"{where} option(s) {found} look like a credential; {hint}")
+
+
+def number_option(
+    options: dict[str, str],
+    name: str,
+    kind: type[int] | type[float],
+    default: float,
+    error: type[Exception],
+    where: str,
+) -> Any:
+    """``options[name]`` converted by ``kind``, ``default`` when absent or empty; ``error`` names a bad value."""
+    raw = options.get(name)
+    if raw is None or raw == "":
+        return kind(default)
+    try:
+        return kind(raw)
+    except ValueError:
+        raise error(f"{where} option {name}={raw!r} is not a valid {kind.__name__}") from None

@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from sleuth._http import BACKOFF_CAP_S, RETRY_STATUSES, backoff_delay
+from sleuth._http import BACKOFF_CAP_S, RETRY_STATUSES, backoff_delay, number_option, refuse_credentials
 from sleuth._http import error_message as _error_message
 from sleuth._http import is_loopback as _is_loopback
 from sleuth._http import snippet as _snippet
@@ -72,7 +72,6 @@ _FINISH_REASONS = {
     "max_tokens": "length",
 }
 _OPTIONS = ("concurrency", "timeout", "max_retries", "backoff", "key_env")
-_KEY_LIKE_OPTIONS = ("key", "api_key", "apikey", "token", "api_token", "secret", "password")
 
 
 class OpenAICompatLLM(LLM):
@@ -400,25 +399,12 @@ def _split_completion_tokens(choices: list[dict[str, Any]], total: int) -> list[
     return [share + (1 if i < extra else 0) for i in range(len(choices))]
 
 
-def _parse_number(options: dict[str, str], name: str, kind: type[int] | type[float], default: float) -> Any:
-    raw = options.get(name)
-    if raw is None or raw == "":
-        return kind(default)
-    try:
-        return kind(raw)
-    except ValueError:
-        raise LLMError(f"openai spec option {name}={raw!r} is not a valid {kind.__name__}") from None
-
-
 @register_backend("openai")
 def make_openai_llm(target: str, options: dict[str, str]) -> OpenAICompatLLM:
     """Factory for ``openai:MODEL@BASE_URL?options`` specs (see the module docstring for the options)."""
-    key_like = sorted(k for k in options if k.lower() in _KEY_LIKE_OPTIONS)
-    if key_like:
-        raise LLMError(
-            f"openai spec option(s) {key_like} look like a credential; API keys are read only from the environment "
-            "variable named by key_env (default OPENAI_API_KEY)"
-        )
+    refuse_credentials(
+        options, LLMError, "openai spec", "API keys are read only from the environment variable named by key_env"
+    )
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise LLMError(f"unknown openai spec option(s) {unknown}; known: {list(_OPTIONS)}")
@@ -428,9 +414,9 @@ def make_openai_llm(target: str, options: dict[str, str]) -> OpenAICompatLLM:
     return OpenAICompatLLM(
         model,
         base_url,
-        concurrency=_parse_number(options, "concurrency", int, 16),
-        timeout=_parse_number(options, "timeout", float, 60.0),
-        max_retries=_parse_number(options, "max_retries", int, 5),
-        backoff=_parse_number(options, "backoff", float, 0.5),
+        concurrency=number_option(options, "concurrency", int, 16, LLMError, "openai spec"),
+        timeout=number_option(options, "timeout", float, 60.0, LLMError, "openai spec"),
+        max_retries=number_option(options, "max_retries", int, 5, LLMError, "openai spec"),
+        backoff=number_option(options, "backoff", float, 0.5, LLMError, "openai spec"),
         key_env=options.get("key_env") or "OPENAI_API_KEY",
     )

@@ -32,13 +32,20 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from sleuth._http import backoff_delay, error_message, is_loopback, is_retryable_status, snippet
+from sleuth._http import (
+    backoff_delay,
+    error_message,
+    is_loopback,
+    is_retryable_status,
+    number_option,
+    refuse_credentials,
+    snippet,
+)
 from sleuth.corpus import split_contents
 from sleuth.records import Passage
 from sleuth.retrieval.base import RetrievalError, Retriever, register_retriever
 
 _OPTIONS = ("timeout", "max_retries", "backoff", "batch_size", "token_env")
-_KEY_LIKE_OPTIONS = ("token", "key", "api_key", "apikey", "api_token", "secret", "password", "bearer")
 HEALTH_TIMEOUT_S = 5.0
 
 
@@ -242,38 +249,25 @@ class RemoteRetriever(Retriever):
         return Passage(id="" if pid is None else str(pid), title=title, text=text, score=score, meta=meta)
 
 
-def _number(options: dict[str, str], name: str, kind: type[int] | type[float], default: float) -> Any:
-    raw = options.get(name)
-    if raw is None or raw == "":
-        return kind(default)
-    try:
-        return kind(raw)
-    except ValueError:
-        raise RetrievalError(f"remote retriever option {name}={raw!r} is not a valid {kind.__name__}") from None
-
-
 def load_remote(target: str, options: dict[str, str]) -> Retriever:
     """Loader for ``remote:URL`` specs; ``options`` are the spec's ``?key=value`` pairs (see the module docstring).
 
     ``remote:URL1,URL2,...`` names the shards of one corpus: each is searched and the hits are merged by score
     (:class:`~sleuth.retrieval.sharded.ShardedRetriever`).
     """
-    key_like = sorted(k for k in options if k.lower() in _KEY_LIKE_OPTIONS)
-    if key_like:
-        raise RetrievalError(
-            f"remote retriever option(s) {key_like} look like a credential; a bearer token is read only from the "
-            "environment variable named by token_env"
-        )
+    refuse_credentials(
+        options, RetrievalError, "remote retriever", "a bearer token is read only from the variable named by token_env"
+    )
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise RetrievalError(f"unknown remote retriever option(s) {unknown}; known: {list(_OPTIONS)}")
     clients = [
         RemoteRetriever(
             url if "://" in url else f"http://{url}",
-            timeout=_number(options, "timeout", float, 30.0),
-            max_retries=_number(options, "max_retries", int, 5),
-            backoff=_number(options, "backoff", float, 0.5),
-            batch_size=_number(options, "batch_size", int, 256),
+            timeout=number_option(options, "timeout", float, 30.0, RetrievalError, "remote retriever"),
+            max_retries=number_option(options, "max_retries", int, 5, RetrievalError, "remote retriever"),
+            backoff=number_option(options, "backoff", float, 0.5, RetrievalError, "remote retriever"),
+            batch_size=number_option(options, "batch_size", int, 256, RetrievalError, "remote retriever"),
             token_env=options.get("token_env") or None,
         )
         for url in (part.strip() for part in target.split(","))
