@@ -148,6 +148,30 @@ def test_sigkill_then_resume_gives_each_example_once(tmp_path: Path, tiny_model_
     assert {t.example.id: t.answer for t in read_traces(traces)} == by_id
 
 
+def test_llm_judge_scores_are_added_and_cached(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = write_dataset(tmp_path / "toy" / "dev.jsonl", 5)
+    config = EvalConfig(
+        method="direct",
+        data=[str(data)],
+        out=str(tmp_path / "run"),
+        llm=f"hf:{tiny_model_dir}",
+        max_new_tokens=4,
+        judge="same",
+    )
+    metrics = evaluate(config, progress=False)
+    traces = read_traces(tmp_path / "run" / "traces.jsonl")
+    assert all(t.meta["scores"]["judge"] in (0.0, 1.0) for t in traces) and "judge" in metrics["overall"]
+    cache = tmp_path / "run" / "judge-cache.jsonl"
+    asked = cache.read_text().count("\n")
+    assert 0 < asked <= 5
+    for t in traces:  # forget the verdicts in the traces: the cache must answer, with no new judge call
+        del t.meta["scores"]["judge"]
+    (tmp_path / "run" / "traces.jsonl").write_text("".join(t.to_json() + "\n" for t in traces))
+    evaluate(config, progress=False)
+    assert cache.read_text().count("\n") == asked
+    assert all("judge" in t.meta["scores"] for t in read_traces(tmp_path / "run" / "traces.jsonl"))
+
+
 def test_fixture_loads_through_eval(tmp_path: Path, tiny_model_dir: Path) -> None:
     metrics = evaluate(
         EvalConfig(

@@ -93,6 +93,9 @@ def eval_command(
     k: Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Generation budget per LLM call.")] = None,
     concurrency: Annotated[int, typer.Option(help="Examples in flight at once (their calls are batched).")] = 32,
+    judge: Annotated[
+        str | None, typer.Option(help="Also score with s3's LLM judge: an LLM spec, or 'same' for --llm (cached).")
+    ] = None,
 ) -> None:
     """Evaluate a method on dataset files: traces.jsonl, metrics.json, report.md; resumes after a kill."""
     from sleuth.data import DatasetError
@@ -114,6 +117,7 @@ def eval_command(
         k=k,
         max_new_tokens=max_new_tokens,
         concurrency=concurrency,
+        judge=judge,
     )
     try:
         metrics = evaluate(config)

@@ -54,6 +54,8 @@ class EvalConfig:
     k: int | None = None
     max_new_tokens: int | None = None
     concurrency: int = 32
+    judge: str | None = None
+    judge_variant: str = "paper"
     method_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -214,12 +216,46 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
             ctx = Context(llm=llm, retriever=retriever, config=method_config)
             _run_dataset(config, ctx, todo, name, sink, progress, already=len(examples) - len(todo))
 
+    if config.judge:
+        _judge_traces(config, out, llm)
     metrics = aggregate(read_traces(traces_path))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     from sleuth.eval.report import markdown_report
 
     (out / "report.md").write_text(markdown_report(out))
     return metrics
+
+
+def _judge_traces(config: EvalConfig, out: Path, llm: Any) -> None:
+    """Add s3's LLM-judge verdict (``scores["judge"]``) to every trace that lacks it.
+
+    Verdicts are cached in ``RUN/judge-cache.jsonl``, so a killed or repeated judging pass never asks twice; the
+    traces file is rewritten atomically once all verdicts are in.
+    """
+    import asyncio
+
+    from sleuth.eval.metrics import JudgeCache, llm_judge
+
+    traces_path = out / "traces.jsonl"
+    traces = read_traces(traces_path)
+    todo = [t for t in traces if "judge" not in (t.meta.get("scores") or {})]
+    if not todo:
+        return
+    judge = (
+        llm if config.judge in ("same", config.llm) else load_llm(None if config.judge == "default" else config.judge)
+    )
+    cache = JudgeCache(out / "judge-cache.jsonl")
+
+    async def verdicts() -> list[bool]:
+        return await asyncio.gather(
+            *(llm_judge(judge, t.answer, t.example.answers, cache, config.judge_variant) for t in todo)
+        )
+
+    for trace, verdict in zip(todo, asyncio.run(verdicts()), strict=True):
+        trace.meta.setdefault("scores", {})["judge"] = float(verdict)
+    tmp = traces_path.with_name(traces_path.name + ".tmp")
+    tmp.write_text("".join(t.to_json() + "\n" for t in traces), encoding="utf-8")
+    os.replace(tmp, traces_path)
 
 
 def _run_dataset(
