@@ -291,8 +291,8 @@ def test_markdown_report_header_and_table(run_dir: Path) -> None:
     assert "`sleuth eval naive_rag --data hotpotqa-dev --data nq-dev --limit 2`" in md
     header = next(line for line in md.splitlines() if line.startswith("| dataset"))
     assert header == (
-        "| dataset | n | EM | F1 | Acc | Acc(either) | R@5 | R@10 | LLM calls/q | tokens/q | s/q | fallbacks "
-        "| errors |"
+        "| dataset | n | EM | F1 | Acc | Acc(either) | R@5 | R@10 | LLM calls/q | tokens/q | latency s/q | wall s/q "
+        "| fallbacks | errors |"
     )
     rows = _table_rows(md)
     assert rows["hotpotqa-dev"] == [
@@ -306,11 +306,12 @@ def test_markdown_report_header_and_table(run_dir: Path) -> None:
         "1.00",
         "621",
         "0.90",
+        "–",
         "0",
         "0",
     ]
     # None -> "–", one decimal (0.5469 -> 54.7), tokens = prompt + completion
-    assert rows["nq-dev"] == ["2", "50.0", "54.7", "50.0", "–", "100.0", "–", "1.50", "442", "15.45", "1", "1"]
+    assert rows["nq-dev"] == ["2", "50.0", "54.7", "50.0", "–", "100.0", "–", "1.50", "442", "15.45", "–", "1", "1"]
     assert rows["**overall**"] == [
         "4",
         "50.0",
@@ -322,6 +323,7 @@ def test_markdown_report_header_and_table(run_dir: Path) -> None:
         "1.25",
         "531",
         "8.18",
+        "–",
         "1",
         "1",
     ]

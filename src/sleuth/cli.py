@@ -118,6 +118,7 @@ def eval_command(
         max_new_tokens=max_new_tokens,
         concurrency=concurrency,
         judge=judge,
+        command=" ".join(["sleuth", *sys.argv[1:]]),
     )
     try:
         metrics = evaluate(config)

@@ -56,6 +56,7 @@ class EvalConfig:
     concurrency: int = 32
     judge: str | None = None
     judge_variant: str = "paper"
+    command: str | None = None
     method_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -117,9 +118,9 @@ def aggregate(traces: Iterable[Trace]) -> dict[str, Any]:
             "prompt_tokens": sum(t.prompt_tokens for t in group) / n,
             "completion_tokens": sum(t.completion_tokens for t in group) / n,
             "seconds": sum(t.seconds for t in group) / n,
+            "wall_seconds": _wall_seconds(group) / n,
             "fallbacks": sum(kinds.values()),
             "fallback_kinds": dict(kinds),
-            "examples_with_fallback": sum(1 for t in group if t.fallbacks),
             "errors": sum(1 for t in group if t.error),
         }
 
@@ -131,6 +132,18 @@ def aggregate(traces: Iterable[Trace]) -> dict[str, Any]:
         "overall": summary(traces),
         "per_dataset": {name: summary(group) for name, group in datasets.items()},
     }
+
+
+def _wall_seconds(group: list[Trace]) -> float:
+    """Wall-clock time the group took (first start to last finish), the throughput view of a batched run.
+
+    ``seconds`` per trace is latency: with 32 examples in flight each one waits for the others' share of the
+    batched calls, so latencies add up to far more than the run took. A resumed run also counts the gap between
+    the kill and the restart.
+    """
+    if not group:
+        return 0.0
+    return max(t.started_at + t.seconds for t in group) - min(t.started_at for t in group)
 
 
 def _method_config(config: EvalConfig) -> Any:
@@ -190,6 +203,11 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     from sleuth import __version__
 
     resolved["sleuth_version"] = __version__
+    resolved["retriever"] = (
+        ("open: BM25 over each dataset's own paragraphs" if config.open else (config.index or "default"))
+        if get_agent(config.method).needs_retriever
+        else None
+    )
     config_path.write_text(json.dumps(resolved, indent=2) + "\n")
 
     traces_path = out / "traces.jsonl"

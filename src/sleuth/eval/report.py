@@ -50,6 +50,7 @@ _COST_KEYS = {
     "prompt_tokens",
     "completion_tokens",
     "seconds",
+    "wall_seconds",
     "fallbacks",
     "fallback_kinds",
     "errors",
@@ -254,13 +255,14 @@ def summary_table(metrics: dict[str, Any]) -> _Table:
     ]
     columns += [(key, key) for key in _extra_metrics(all_rows)]
     headers = ["dataset", "n", *(label for _, label in columns)]
-    headers += ["LLM calls/q", "tokens/q", "s/q", "fallbacks", "errors"]
+    headers += ["LLM calls/q", "tokens/q", "latency s/q", "wall s/q", "fallbacks", "errors"]
     align = ["l"] + ["r"] * (len(headers) - 1)
 
     def cells(row: dict[str, Any]) -> list[str]:
         out = [fmt_int(row.get("n"))]
         out += [fmt_pct(row.get(key)) for key, _ in columns]
         out += [fmt_num(row.get("llm_calls")), fmt_num(_tokens(row), 0), fmt_num(row.get("seconds"))]
+        out.append(fmt_num(row.get("wall_seconds")))
         out += [fmt_int(row.get("fallbacks")), fmt_int(row.get("errors"))]
         return out
 
@@ -325,8 +327,10 @@ def markdown_report(run_dir: str | Path) -> str:
     lines.append("")
     lines.append(
         "EM, F1, Acc, R@k in %; Acc = gold contained in the answer, Acc(either) = two-way containment; "
-        "LLM calls, tokens (prompt + completion) and seconds are means per question; fallbacks = steps that used a "
-        "lenient parsing rule; errors = examples whose agent raised (scored as unanswered)."
+        "LLM calls and tokens (prompt + completion) are means per question; latency s/q = mean time from an "
+        "example's start to its answer (with many examples in flight each waits for the batched calls); wall s/q = "
+        "the run's wall-clock time divided by its questions (throughput); fallbacks = steps that used a lenient "
+        "parsing rule; errors = examples whose agent raised (scored as unanswered)."
     )
     kinds = _fallback_kinds(run.metrics)
     if kinds:
