@@ -53,6 +53,7 @@ async def arun(
     """Run ``method`` on every example, at most ``concurrency`` at a time; traces come back in input order.
 
     ``on_trace`` is called as each example finishes (in completion order), e.g. to append it to a jsonl file.
+    A ``ctx`` without a config gets the method's default config (set on ``ctx``, so it is recorded in the traces).
     """
     spec = get_agent(method)
     if ctx.config is None:

@@ -189,6 +189,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
+    spec = get_agent(config.method)
     method_config = _method_config(config)
     resolved = {**asdict(config), "method_config": _jsonable(method_config)}
     config_path = out / "config.json"
@@ -205,15 +206,14 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     resolved["sleuth_version"] = __version__
     resolved["retriever"] = (
         ("open: BM25 over each dataset's own paragraphs" if config.open else (config.index or "default"))
-        if get_agent(config.method).needs_retriever
+        if spec.needs_retriever
         else None
     )
     config_path.write_text(json.dumps(resolved, indent=2) + "\n")
 
     traces_path = out / "traces.jsonl"
     done = {(t.example.metadata.get("dataset"), t.example.id) for t in read_traces(traces_path, repair=True)}
-    spec = get_agent(config.method)
-    llm = load_llm(None if config.llm == "default" else config.llm)
+    llm: Any = None  # loaded on first need: re-running a finished run only recomputes its report
     shared_retriever: Retriever | None = None
     with open(traces_path, "a", encoding="utf-8") as sink:
         for path in config.data:
@@ -229,8 +229,11 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
                 if config.open:
                     retriever = _open_retriever(examples, out, name)
                 else:
-                    shared_retriever = shared_retriever or load_retriever(config.index)
+                    # `is None`, not truthiness: Retriever defines __len__ (an HTTP call for remote ones)
+                    if shared_retriever is None:
+                        shared_retriever = load_retriever(config.index)
                     retriever = shared_retriever
+            llm = llm or load_llm(None if config.llm == "default" else config.llm)
             ctx = Context(llm=llm, retriever=retriever, config=method_config)
             _run_dataset(config, ctx, todo, name, sink, progress, already=len(examples) - len(todo))
 
@@ -244,7 +247,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     return metrics
 
 
-def _judge_traces(config: EvalConfig, out: Path, llm: Any) -> None:
+def _judge_traces(config: EvalConfig, out: Path, llm: Any | None) -> None:
     """Add s3's LLM-judge verdict (``scores["judge"]``) to every trace that lacks it.
 
     Verdicts are cached in ``RUN/judge-cache.jsonl``, so a killed or repeated judging pass never asks twice; the
@@ -259,9 +262,8 @@ def _judge_traces(config: EvalConfig, out: Path, llm: Any) -> None:
     todo = [t for t in traces if "judge" not in (t.meta.get("scores") or {})]
     if not todo:
         return
-    judge = (
-        llm if config.judge in ("same", config.llm) else load_llm(None if config.judge == "default" else config.judge)
-    )
+    spec = config.llm if config.judge == "same" else config.judge
+    judge = llm if llm is not None and spec == config.llm else load_llm(None if spec == "default" else spec)
     cache = JudgeCache(out / "judge-cache.jsonl")
 
     async def verdicts() -> list[bool]:
