@@ -7,6 +7,8 @@ record a :class:`~sleuth.records.Step` for every call, so the Trace always holds
 
 from __future__ import annotations
 
+import html
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,11 +30,21 @@ class Context:
     llm: LLM
     retriever: Retriever | None = None
     config: Any = None
+    roles: dict[str, LLM] = field(default_factory=dict)
 
-    async def generate(self, trace: Trace, kind: str, request: Request, sampling: Sampling) -> tuple[Step, Generation]:
-        """One LLM call, recorded as a Step (``output`` is the first sample; all samples go to ``meta``)."""
+    def model(self, role: str | None = None) -> LLM:
+        """The LLM playing ``role`` (e.g. s3's frozen ``generator``); the main ``llm`` when no model has that role."""
+        return self.roles.get(role, self.llm) if role else self.llm
+
+    async def generate(
+        self, trace: Trace, kind: str, request: Request, sampling: Sampling, role: str | None = None
+    ) -> tuple[Step, Generation]:
+        """One LLM call, recorded as a Step (``output`` is the first sample; all samples go to ``meta``).
+
+        ``role`` picks another model of the run (``roles``); the Step records it in ``meta["role"]``.
+        """
         started = time.perf_counter()
-        generation = (await self.llm.generate([request], sampling))[0]
+        generation = (await self.model(role).generate([request], sampling))[0]
         step = Step(
             kind=kind,
             messages=request.messages,
@@ -45,12 +57,23 @@ class Context:
         )
         if sampling.n > 1:
             step.meta["samples"] = generation.texts
+        if role and role in self.roles:
+            step.meta["role"] = role
+            step.meta["model"] = self.roles[role].spec
         trace.add(step)
         return step, generation
 
-    async def chat(self, trace: Trace, kind: str, user: str, sampling: Sampling, system: str | None = None) -> Step:
+    async def chat(
+        self,
+        trace: Trace,
+        kind: str,
+        user: str,
+        sampling: Sampling,
+        system: str | None = None,
+        role: str | None = None,
+    ) -> Step:
         """Send one user message (and an optional system message); return the recorded Step."""
-        step, _ = await self.generate(trace, kind, Request.chat(user, system), sampling)
+        step, _ = await self.generate(trace, kind, Request.chat(user, system), sampling, role=role)
         return step
 
     async def search(self, trace: Trace, query: str, k: int) -> list[Passage]:
@@ -65,30 +88,47 @@ class Context:
 
 @dataclass
 class AgentSpec:
+    """A registered method. ``wants_retriever``: uses one when given (e.g. ARENA without given contexts).
+    ``render``: an optional method-specific terminal view of a Trace (a rich renderable), shown by ``sleuth ask``."""
+
     name: str
     fn: AgentFn
     config_cls: type
     needs_retriever: bool
     description: str = ""
-    defaults: dict[str, Any] = field(default_factory=dict)
+    wants_retriever: bool = False
+    render: Callable[[Trace], Any] | None = None
 
 
 AGENTS: dict[str, AgentSpec] = {}
 
+AGENT_MODULES = ("baselines", "acesearcher", "acesearcher_doc", "exsearch", "s3", "arena")
 
-def register_agent(name: str, config: type, needs_retriever: bool) -> Callable[[AgentFn], AgentFn]:
-    """Register ``fn`` under ``name`` with its config dataclass."""
+
+def register_agent(
+    name: str,
+    config: type,
+    needs_retriever: bool,
+    wants_retriever: bool = False,
+    render: Callable[[Trace], Any] | None = None,
+) -> Callable[[AgentFn], AgentFn]:
+    """Register ``fn`` under ``name`` with its config dataclass (and an optional trace view)."""
 
     def decorate(fn: AgentFn) -> AgentFn:
         doc = (fn.__doc__ or "").strip().splitlines()
-        AGENTS[name] = AgentSpec(name, fn, config, needs_retriever, doc[0] if doc else "")
+        AGENTS[name] = AgentSpec(
+            name, fn, config, needs_retriever, doc[0] if doc else "", wants_retriever or needs_retriever, render
+        )
         return fn
 
     return decorate
 
 
 def get_agent(name: str) -> AgentSpec:
-    from sleuth.agents import baselines  # noqa: F401 - registers the agents
+    import importlib
+
+    for module in AGENT_MODULES:  # importing registers the agents
+        importlib.import_module(f"sleuth.agents.{module}")
 
     if name not in AGENTS:
         raise KeyError(f"unknown method {name!r}; available: {sorted(AGENTS)}")
@@ -118,3 +158,51 @@ def format_passages(passages: list[Passage], style: str = "title_text") -> str:
     if style == "title_text":
         return "\n\n".join(f"{p.title}\n{p.text}" if p.title else p.text for p in passages)
     raise ValueError(f"unknown passage style {style!r}; use title_text, text or numbered")
+
+
+# -- observations inserted into a model's context (search results) ------------------------------------------------
+
+_TAG = re.compile(r"</?\s*[A-Za-z_][\w-]*\s*/?>")
+
+
+def escape_observation(text: str) -> str:
+    """Make retrieved text inert inside a tagged transcript: every ``<tag>``/``</tag>`` look-alike is HTML-escaped
+    (``&lt;answer&gt;``), so a passage can never close ``<information>``, forge ``<important_info>`` or an
+    ``<answer>``. Only tag-shaped substrings change; ``a < b`` and ``x > 3`` stay readable."""
+    return _TAG.sub(lambda m: html.escape(m.group(0), quote=False), text)
+
+
+@dataclass
+class Transcript:
+    """A multi-turn generation as ordered segments: ``model`` text the policy wrote and ``observation`` text the
+    environment inserted (search results). Training masks observation tokens; the Trace keeps the segments in
+    ``trace.meta["transcript"]`` so that a trainer can rebuild exactly which characters the model produced."""
+
+    segments: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, source: str, text: str) -> None:
+        if source not in ("model", "observation", "prompt"):
+            raise ValueError(f"unknown segment source {source!r}")
+        if text:
+            self.segments.append({"source": source, "text": text})
+
+    def model(self, text: str) -> None:
+        self.add("model", text)
+
+    def observation(self, text: str) -> None:
+        self.add("observation", text)
+
+    @property
+    def text(self) -> str:
+        return "".join(s["text"] for s in self.segments)
+
+    def spans(self) -> list[tuple[int, int, str]]:
+        """Character spans ``(start, end, source)`` of each segment in :attr:`text`."""
+        out, at = [], 0
+        for s in self.segments:
+            out.append((at, at + len(s["text"]), s["source"]))
+            at += len(s["text"])
+        return out
+
+    def to_list(self) -> list[dict[str, str]]:
+        return [dict(s) for s in self.segments]
