@@ -184,3 +184,22 @@ def test_fixture_loads_through_eval(tmp_path: Path, tiny_model_dir: Path) -> Non
         progress=False,
     )
     assert metrics["n"] == 2 and "recall@1" not in metrics["overall"]  # direct does not search
+
+
+def test_method_options_and_generator_role_reach_the_run(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = write_dataset(tmp_path / "toy" / "dev.jsonl", 2)
+    base = {"method": "naive_rag", "data": [str(data)], "llm": f"hf:{tiny_model_dir}", "open": True}
+    config = EvalConfig(
+        **base,
+        out=str(tmp_path / "run"),
+        generator=f"hf:{tiny_model_dir}",
+        method_config={"k": "1", "sampling.max_new_tokens": "3"},
+    )
+    evaluate(config, progress=False)
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["method_config"]["k"] == 1 and saved["method_config"]["sampling"]["max_new_tokens"] == 3
+    assert saved["generator"] == f"hf:{tiny_model_dir}"
+    traces = read_traces(tmp_path / "run" / "traces.jsonl")
+    assert all(len(t.steps[0].passages) == 1 and t.steps[1].completion_tokens <= 3 for t in traces)
+    with pytest.raises(EvalError, match="unknown option 'kk'"):
+        evaluate(EvalConfig(**base, out=str(tmp_path / "bad"), method_config={"kk": "1"}), progress=False)

@@ -23,21 +23,41 @@ app.add_typer(assets_app, name="assets")
 
 console = Console(stderr=True)
 
+METHODS_HELP = "Agent: direct, naive_rag, acesearcher, acesearcher_doc, exsearch, s3, arena."
+SET_HELP = "Method option KEY=VALUE, repeatable; dotted keys reach nested settings (sampling.temperature=0.7)."
+
 
 def _fail(message: str) -> None:
     console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code=1)
 
 
+def _options(pairs: list[str] | None) -> dict[str, str]:
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--set expects KEY=VALUE, got {pair!r}")
+        options[key.strip()] = value
+    return options
+
+
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The question (or claim) to answer.")],
-    method: Annotated[str, typer.Option(help="Agent to run: direct, naive_rag.")] = "naive_rag",
+    method: Annotated[str, typer.Option(help=METHODS_HELP)] = "naive_rag",
     llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, or 'default'.")] = "default",
     index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
     k: Annotated[int, typer.Option(help="Passages to retrieve.")] = 5,
     max_new_tokens: Annotated[int, typer.Option(help="Generation budget per LLM call.")] = 64,
     kind: Annotated[str, typer.Option(help="qa or claim.")] = "qa",
+    generator: Annotated[
+        str | None, typer.Option(help="s3: the frozen generator's LLM spec (default: the --llm model).")
+    ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--set", help=SET_HELP),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the Trace as JSON instead of the readable view.")
     ] = False,
@@ -46,6 +66,7 @@ def ask(
     import dataclasses
 
     from sleuth.agents import Context, get_agent
+    from sleuth.agents.base import configure
     from sleuth.llm import LLMError, load_llm
     from sleuth.records import Example
     from sleuth.retrieval import RetrievalError, load_retriever
@@ -53,34 +74,38 @@ def ask(
 
     try:
         spec = get_agent(method)
-    except KeyError as exc:
+        config = configure(spec.config_cls, _options(option))
+    except (KeyError, ValueError) as exc:
         _fail(str(exc.args[0]))
-    config = spec.config_cls()
-    if hasattr(config, "k"):
+    if hasattr(config, "k") and not any(o.startswith("k=") for o in option or []):
         config.k = k
     if hasattr(config, "sampling"):
         config.sampling = dataclasses.replace(config.sampling, max_new_tokens=max_new_tokens)
+    roles = {}
     try:
-        retriever = load_retriever(None if index == "default" else index) if spec.needs_retriever else None
+        retriever = load_retriever(None if index == "default" else index) if spec.wants_retriever else None
         with console.status(f"loading {llm}"):
             model = load_llm(None if llm == "default" else llm)
+            if generator:
+                roles["generator"] = load_llm(None if generator == "default" else generator)
     except (LLMError, RetrievalError) as exc:
         _fail(str(exc))
     example = Example(id="cli", question=question, kind=kind)
-    trace = run(method, [example], Context(llm=model, retriever=retriever, config=config), progress=False)[0]
+    ctx = Context(llm=model, retriever=retriever, config=config, roles=roles)
+    trace = run(method, [example], ctx, progress=False)[0]
     if as_json:
         sys.stdout.write(trace.to_json() + "\n")
     else:
         from sleuth.display import render_trace
 
-        render_trace(trace, Console())
+        render_trace(trace, Console(), view=spec.render)
     if trace.error:
         raise typer.Exit(code=2)
 
 
 @app.command("eval")
 def eval_command(
-    method: Annotated[str, typer.Option(help="Agent to evaluate: direct, naive_rag, ...")],
+    method: Annotated[str, typer.Option(help=METHODS_HELP)],
     data: Annotated[list[Path], typer.Option(help="Dataset file (repeatable); format auto-detected.")],
     out: Annotated[Path, typer.Option(help="Run directory (re-running resumes it).")],
     format: Annotated[str | None, typer.Option(help="Dataset format, overriding detection.")] = None,
@@ -95,6 +120,13 @@ def eval_command(
     concurrency: Annotated[int, typer.Option(help="Examples in flight at once (their calls are batched).")] = 32,
     judge: Annotated[
         str | None, typer.Option(help="Also score with s3's LLM judge: an LLM spec, or 'same' for --llm (cached).")
+    ] = None,
+    generator: Annotated[
+        str | None, typer.Option(help="s3: the frozen generator's LLM spec (default: the --llm model).")
+    ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--set", help=SET_HELP),
     ] = None,
 ) -> None:
     """Evaluate a method on dataset files: traces.jsonl, metrics.json, report.md; resumes after a kill."""
@@ -118,6 +150,8 @@ def eval_command(
         max_new_tokens=max_new_tokens,
         concurrency=concurrency,
         judge=judge,
+        generator=generator,
+        method_config=_options(option),
         command=" ".join(["sleuth", *sys.argv[1:]]),
     )
     try:

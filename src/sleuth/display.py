@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -40,8 +43,9 @@ def _step_detail(step: Step) -> Text:
     return detail
 
 
-def render_trace(trace: Trace, console: Console | None = None) -> None:
-    """Print the answer panel and a table of the trace's steps."""
+def render_trace(trace: Trace, console: Console | None = None, view: Callable[[Trace], Any] | None = None) -> None:
+    """Print the answer panel, the method's own view of the trace (``view``, e.g. AceSearcher's decomposition
+    tree) when it has one, and a table of the trace's steps."""
     console = console or Console()
     table = Table(show_lines=True, expand=True, title=f"{trace.method} trace", title_justify="left")
     table.add_column("#", justify="right", width=3)
@@ -63,4 +67,9 @@ def render_trace(trace: Trace, console: Console | None = None) -> None:
     if trace.error:
         body.append(Text(f"error: {trace.error}", style="red"))
     console.print(Panel(Group(*body), title="answer", subtitle=summary, expand=True))
+    if view is not None:
+        try:
+            console.print(view(trace))
+        except Exception as exc:  # a broken view must not hide the trace itself
+            console.print(Text(f"(method view failed: {type(exc).__name__}: {exc})", style="red"))
     console.print(table)

@@ -206,3 +206,59 @@ class Transcript:
 
     def to_list(self) -> list[dict[str, str]]:
         return [dict(s) for s in self.segments]
+
+
+# -- method options from the command line (`--set k=3 --set sampling.temperature=0.7`) ----------------------------
+
+
+def _coerce(raw: Any, current: Any, key: str) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    if isinstance(current, bool):
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"option {key}: expected true or false, got {raw!r}")
+    try:
+        if isinstance(current, int):
+            return int(raw)
+        if isinstance(current, float):
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"option {key}: expected a {type(current).__name__}, got {raw!r}") from None
+    if isinstance(current, tuple | list):
+        return type(current)(part for part in raw.split(",") if part)
+    if current is None and raw.lower() in ("none", "null"):
+        return None
+    return raw
+
+
+def configure(config_cls: type, options: dict[str, Any] | None = None) -> Any:
+    """A ``config_cls`` instance with ``options`` applied; keys may be dotted into nested dataclasses
+    (``sampling.temperature``) and string values are converted to the field's type. Unknown keys are errors."""
+    import dataclasses
+
+    config = config_cls()
+    for key, raw in (options or {}).items():
+        *path, leaf = key.split(".")
+        owners = [config]
+        for part in path:
+            owner = owners[-1]
+            if not dataclasses.is_dataclass(owner) or part not in {f.name for f in dataclasses.fields(owner)}:
+                raise ValueError(f"unknown option {key!r} for {config_cls.__name__}")
+            owners.append(getattr(owner, part))
+        target = owners[-1]
+        names = {f.name for f in dataclasses.fields(target)} if dataclasses.is_dataclass(target) else set()
+        if leaf not in names:
+            known = ", ".join(sorted(f.name for f in dataclasses.fields(config)))
+            raise ValueError(f"unknown option {key!r} for {config_cls.__name__} (options: {known})")
+        value = _coerce(raw, getattr(target, leaf), key)
+        # frozen dataclasses (Sampling) are rebuilt bottom-up with dataclasses.replace
+        for owner, name in zip(reversed(owners), reversed([*path, leaf]), strict=True):
+            if owner.__dataclass_params__.frozen:
+                value = dataclasses.replace(owner, **{name: value})
+            else:
+                setattr(owner, name, value)
+                value = owner
+    return config

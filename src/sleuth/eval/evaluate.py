@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from sleuth.agents import Context, get_agent
+from sleuth.agents.base import configure
 from sleuth.eval.metrics import score_example
 from sleuth.llm import load_llm
 from sleuth.records import Example, Trace
 from sleuth.retrieval import Retriever, load_retriever
 
-RESUME_KEYS = ("method", "data", "format", "limit", "llm", "index", "open", "method_config")
+RESUME_KEYS = ("method", "data", "format", "limit", "llm", "generator", "index", "open", "method_config")
 
 
 class EvalError(RuntimeError):
@@ -49,6 +50,7 @@ class EvalConfig:
     format: str | None = None
     limit: int | None = None
     llm: str = "default"
+    generator: str | None = None
     index: str | None = None
     open: bool = False
     k: int | None = None
@@ -148,7 +150,10 @@ def _wall_seconds(group: list[Trace]) -> float:
 
 def _method_config(config: EvalConfig) -> Any:
     spec = get_agent(config.method)
-    method_config = spec.config_cls(**config.method_config)
+    try:
+        method_config = configure(spec.config_cls, config.method_config)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
     if config.k is not None and hasattr(method_config, "k"):
         method_config.k = config.k
     if config.max_new_tokens is not None and hasattr(method_config, "sampling"):
@@ -204,9 +209,10 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     from sleuth import __version__
 
     resolved["sleuth_version"] = __version__
+    uses_retriever = spec.needs_retriever or (spec.wants_retriever and (config.open or config.index))
     resolved["retriever"] = (
         ("open: BM25 over each dataset's own paragraphs" if config.open else (config.index or "default"))
-        if spec.needs_retriever
+        if uses_retriever
         else None
     )
     config_path.write_text(json.dumps(resolved, indent=2) + "\n")
@@ -214,6 +220,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     traces_path = out / "traces.jsonl"
     done = {(t.example.metadata.get("dataset"), t.example.id) for t in read_traces(traces_path, repair=True)}
     llm: Any = None  # loaded on first need: re-running a finished run only recomputes its report
+    roles: dict[str, Any] = {}
     shared_retriever: Retriever | None = None
     with open(traces_path, "a", encoding="utf-8") as sink:
         for path in config.data:
@@ -225,7 +232,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
             if not todo:
                 continue
             retriever = None
-            if spec.needs_retriever:
+            if spec.needs_retriever or (spec.wants_retriever and (config.open or config.index)):
                 if config.open:
                     retriever = _open_retriever(examples, out, name)
                 else:
@@ -234,7 +241,9 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
                         shared_retriever = load_retriever(config.index)
                     retriever = shared_retriever
             llm = llm or load_llm(None if config.llm == "default" else config.llm)
-            ctx = Context(llm=llm, retriever=retriever, config=method_config)
+            if config.generator and "generator" not in roles:
+                roles["generator"] = load_llm(None if config.generator == "default" else config.generator)
+            ctx = Context(llm=llm, retriever=retriever, config=method_config, roles=roles)
             _run_dataset(config, ctx, todo, name, sink, progress, already=len(examples) - len(todo))
 
     if config.judge:
