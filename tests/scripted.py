@@ -60,27 +60,33 @@ class ScriptedLLM(LLM):
             pending, self._pending = self._pending, []
             batch: list[str] = []
             for reqs, samp, fut in pending:
-                gens = []
-                for request in reqs:
-                    text = render_request(request)
-                    batch.append(text)
-                    self.prompts.append(text)
-                    self.requests.append(request)
-                    self.samplings.append(samp)
-                    replies = [self._respond(text) for _ in range(samp.n)]
-                    gens.append(
-                        Generation(
-                            texts=replies,
-                            prompt_tokens=len(text.split()),
-                            completion_tokens=[len(r.split()) for r in replies],
-                            finish_reasons=["stop"] * samp.n,
-                        )
-                    )
-                fut.set_result(gens)
+                try:
+                    fut.set_result(self._serve(reqs, samp, batch))
+                except Exception as exc:  # a failing reply fails its own request, never the others
+                    fut.set_exception(exc)
             self.batches.append(batch)
             self.stats.calls += 1
         self.stats.requests += len(requests)
         return await future
+
+    def _serve(self, reqs: list[Request], samp: Sampling, batch: list[str]) -> list[Generation]:
+        gens = []
+        for request in reqs:
+            text = render_request(request)
+            batch.append(text)
+            self.prompts.append(text)
+            self.requests.append(request)
+            self.samplings.append(samp)
+            replies = [self._respond(text) for _ in range(samp.n)]
+            gens.append(
+                Generation(
+                    texts=replies,
+                    prompt_tokens=len(text.split()),
+                    completion_tokens=[len(r.split()) for r in replies],
+                    finish_reasons=["stop"] * samp.n,
+                )
+            )
+        return gens
 
     async def score(self, prompt: Messages | str, completion: str) -> Score:
         raise NotImplementedError("ScriptedLLM does not score")

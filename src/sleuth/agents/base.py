@@ -102,7 +102,7 @@ class AgentSpec:
 
 AGENTS: dict[str, AgentSpec] = {}
 
-AGENT_MODULES = ("baselines", "acesearcher", "acesearcher_doc", "exsearch", "s3", "arena")
+AGENT_MODULES = ("baselines", "exsearch", "arena")
 
 
 def register_agent(
@@ -162,14 +162,17 @@ def format_passages(passages: list[Passage], style: str = "title_text") -> str:
 
 # -- observations inserted into a model's context (search results) ------------------------------------------------
 
-_TAG = re.compile(r"</?\s*[A-Za-z_][\w-]*\s*/?>")
+_TAG = re.compile(r"</?[A-Za-z_][\w-]*(?:\s+[\w-]+)*\s*/?>")  # <answer>, </information>, <Search 2>, <USER QUERY>
+_CONTROL = re.compile(r"<(?=\|)")  # chat-template control tokens such as <|im_end|>
 
 
 def escape_observation(text: str) -> str:
     """Make retrieved text inert inside a tagged transcript: every ``<tag>``/``</tag>`` look-alike is HTML-escaped
     (``&lt;answer&gt;``), so a passage can never close ``<information>``, forge ``<important_info>`` or an
-    ``<answer>``. Only tag-shaped substrings change; ``a < b`` and ``x > 3`` stay readable."""
-    return _TAG.sub(lambda m: html.escape(m.group(0), quote=False), text)
+    ``<answer>``, and chat control tokens (``<|im_end|>``) cannot end a turn. Only tag-shaped substrings change;
+    ``a < b`` and ``x > 3`` stay readable."""
+    text = _TAG.sub(lambda m: html.escape(m.group(0), quote=False), text)
+    return _CONTROL.sub("&lt;", text)
 
 
 @dataclass

@@ -78,9 +78,19 @@ def retrieved_ids(trace: Trace) -> list[str]:
     return list(seen)
 
 
+# Per-trace numbers an agent reports about itself (ARENA's citations, AceSearcher's parallel waves), averaged
+# with the scores when present.
+METHOD_SCORES = ("citation_precision", "citation_recall", "waves", "sequential_rounds", "searches")
+
+
 def score_trace(trace: Trace) -> dict[str, float | None]:
     searched = any(s.kind == "search" for s in trace.steps)
-    return score_example(trace.example, trace.answer, retrieved_ids(trace) if searched else None)
+    scores = score_example(trace.example, trace.answer, retrieved_ids(trace) if searched else None)
+    for name in METHOD_SCORES:
+        value = trace.meta.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            scores[name] = float(value)
+    return scores
 
 
 def read_traces(path: Path, repair: bool = False) -> list[Trace]:

@@ -43,6 +43,8 @@ METRIC_COLUMNS: list[tuple[str, str]] = [
     ("recall@10", "R@10"),
 ]
 _OPTIONAL_COLUMNS = {"recall@5", "recall@10"}
+# Per-question counts an agent reports (evaluate.METHOD_SCORES): shown as means, not percentages.
+COUNT_METRICS = {"waves": "waves", "sequential_rounds": "seq. rounds", "searches": "searches"}
 # Keys of a metrics row that are not mean-of-fraction metrics.
 _COST_KEYS = {
     "n",
@@ -253,14 +255,17 @@ def summary_table(metrics: dict[str, Any]) -> _Table:
         for key, label in METRIC_COLUMNS
         if key not in _OPTIONAL_COLUMNS or any(_is_num(r.get(key)) for r in all_rows)
     ]
-    columns += [(key, key) for key in _extra_metrics(all_rows)]
+    columns += [(key, key) for key in _extra_metrics(all_rows) if key not in COUNT_METRICS]
+    counts = [key for key in COUNT_METRICS if any(_is_num(r.get(key)) for r in all_rows)]
     headers = ["dataset", "n", *(label for _, label in columns)]
+    headers += [f"{COUNT_METRICS[key]}/q" for key in counts]
     headers += ["LLM calls/q", "tokens/q", "latency s/q", "wall s/q", "fallbacks", "errors"]
     align = ["l"] + ["r"] * (len(headers) - 1)
 
     def cells(row: dict[str, Any]) -> list[str]:
         out = [fmt_int(row.get("n"))]
         out += [fmt_pct(row.get(key)) for key, _ in columns]
+        out += [fmt_num(row.get(key)) for key in counts]
         out += [fmt_num(row.get("llm_calls")), fmt_num(_tokens(row), 0), fmt_num(row.get("seconds"))]
         out.append(fmt_num(row.get("wall_seconds")))
         out += [fmt_int(row.get("fallbacks")), fmt_int(row.get("errors"))]
