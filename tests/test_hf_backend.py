@@ -151,3 +151,13 @@ def test_spec_loading_and_errors(tiny_model_dir) -> None:
         load_llm("nope:thing")
     with pytest.raises(LLMError, match="cannot load"):
         load_llm("hf:/does/not/exist")
+
+
+def test_final_assistant_message_is_continued_in_place(llm: HFLLM) -> None:
+    """A prefilled assistant turn (s3's rolling trajectory) is continued, not closed and followed by a new turn."""
+    user = [{"role": "user", "content": "Search for it."}]
+    prefilled = [*user, {"role": "assistant", "content": "<query>capital"}]
+    text = llm.tokenizer.decode(llm.encode_prompt(prefilled))
+    assert text.endswith("<|im_start|>assistant\n<query>capital")
+    fresh = llm.tokenizer.decode(llm.encode_prompt(user))
+    assert fresh.endswith("<|im_start|>assistant\n") and text.startswith(fresh)

@@ -48,7 +48,7 @@ def ask(
     method: Annotated[str, typer.Option(help=METHODS_HELP)] = "naive_rag",
     llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, or 'default'.")] = "default",
     index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
-    k: Annotated[int, typer.Option(help="Passages to retrieve.")] = 5,
+    k: Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Generation budget per LLM call.")] = 64,
     kind: Annotated[str, typer.Option(help="qa or claim.")] = "qa",
     generator: Annotated[
@@ -77,7 +77,7 @@ def ask(
         config = configure(spec.config_cls, _options(option))
     except (KeyError, ValueError) as exc:
         _fail(str(exc.args[0]))
-    if hasattr(config, "k") and not any(o.startswith("k=") for o in option or []):
+    if k is not None and hasattr(config, "k") and not any(o.startswith("k=") for o in option or []):
         config.k = k
     if hasattr(config, "sampling"):
         config.sampling = dataclasses.replace(config.sampling, max_new_tokens=max_new_tokens)

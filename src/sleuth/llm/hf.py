@@ -112,7 +112,10 @@ class HFLLM(LLM):
             return self.tokenizer(prompt)["input_ids"]
         if not self.tokenizer.chat_template:
             raise LLMError(f"{self.path} has no chat template; send raw prompts (Request(prompt=...)) instead")
-        text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        if prompt and prompt[-1]["role"] == "assistant":  # a prefilled assistant turn is continued in place
+            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, continue_final_message=True)
+        else:
+            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     # ----------------------------------------------------------------------------------------------- generate

@@ -237,6 +237,8 @@ class OpenAICompatLLM(LLM):
             }
             if chat:
                 body["messages"] = request.messages
+                if request.messages and request.messages[-1]["role"] == "assistant":  # vLLM: continue that turn
+                    body["continue_final_message"], body["add_generation_prompt"] = True, False
             else:
                 body["prompt"] = request.prompt
             if stops:

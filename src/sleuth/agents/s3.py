@@ -1,0 +1,546 @@
+"""s3 (Jiang et al. 2025, arXiv 2505.14146): a searcher LLM gathers evidence that a FROZEN generator answers from.
+
+The loop follows the official rollout (research/s3.md §2.2), in which the whole trajectory is ONE assistant message
+that the searcher keeps continuing::
+
+    user       searcher prompt (§3.2) with <question> and the initial top-3 <information> (q0 = the question)
+    assistant  [<important_info>[ids]</important_info>] <search_complete>False</search_complete> <query>{..}</query>
+               \\n\\n<information>Doc 1(Title: ..) ..</information>\\n\\n          (observation: top-8 for the query)
+               <important_info>[ids]</important_info> <search_complete>True</search_complete>
+
+``<important_info>`` picks documents of the most recent ``<information>`` block (the initial one included) by
+their number in that block; a block the searcher never tags is kept whole (§2.3). A reply with neither a query
+nor ``<search_complete>True`` gets the code's invalid-action feedback, which ends in ``<query>\\n`` so that the next
+reply continues the query. ``max_turns`` search-capable replies are followed by one final reply whose query is
+ignored (the code's ``max_turns + 1`` rounds and its ``do_search=False`` round). The documents kept (deduplicated
+by text) are served to the generator (``ctx.chat(..., role="generator")``, any backend) with the paper's prompt.
+
+Every retrieved title and text is escaped (:func:`~sleuth.agents.base.escape_observation`) before it enters the
+tagged transcript, and a reply that writes its own ``<information>`` block is cut there, so neither a passage nor
+the model can forge evidence, a selection or a stop decision. The trajectory is kept as a
+:class:`~sleuth.agents.base.Transcript` (``trace.meta["transcript"]``: model vs observation text) for RL training,
+which masks observations; the naive-RAG baseline (the same top-3) is kept for the Gain-Beyond-RAG reward.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import RenderableType
+from rich.text import Text
+from rich.tree import Tree
+
+from sleuth.agents.base import Context, Transcript, escape_observation, load_prompt, register_agent
+from sleuth.llm import LLM, Request, Sampling
+from sleuth.records import Example, Passage, Step, Trace
+
+GENERATOR_PROMPTS = ("paper", "code_chat", "code_claude")
+CONTEXT_ORDERS = ("chronological", "selected_first")
+COMPLETE_VALUES = frozenset({"true", "yes", "1", "y"})  # the code's truthy set for <search_complete>
+NOT_COMPLETE_VALUES = frozenset({"false", "no", "0", "n"})
+QUERY_END = "</query>"
+# The BM25 note goes right before the blank line that precedes this sentence (official make_prefix).
+_BM25_NOTE_ANCHOR = "\n\nFor a question and initial searched results:"
+
+
+@dataclass
+class S3Config:
+    """Settings of the s3 loop (defaults: the paper's headline 8-3-3 configuration, research/s3.md §2, §7, §8).
+
+    ``k_initial``: documents retrieved for the question itself (naive RAG, "Begin with Search"; k=3). ``k``:
+    documents per searcher query (8). ``max_turns``: search-capable searcher replies (paper A.1: "maximum number
+    of turns to 4"; the code's ``max_turns=3`` runs 3+1 = 4), always followed by one final no-search reply.
+    ``max_selected``: documents kept per ``<important_info>`` (the prompt's "up to 3", enforced; 0 keeps all valid
+    ids as the code does). Ids number the documents of the most recent ``<information>`` block (1..its
+    size); other ids are dropped and recorded as a fallback.
+
+    ``sampling``: the searcher (greedy at eval as in the code; training samples at T=0.6, top_p=0.95); 500 new
+    tokens per reply as in the code; generation stops at ``</query>``, which the code cuts at afterwards (same text,
+    fewer tokens). ``generator_sampling``: the frozen generator, temperature 0 (the code sets no token limit for
+    vLLM and 500 for Claude). ``generator_prompt``: ``paper`` (Fig. 12, one user message), ``code_chat`` (the
+    code's vLLM format: contexts in a system message, the question as the user message) or ``code_claude``.
+    ``context_order``: ``chronological`` (the paper's Table 7 and A.5) or ``selected_first`` (the code: documents
+    of tagged blocks first, then untagged blocks whole).
+
+    Document lines follow the code: ``Doc i (Title: "t") text`` in the initial block and ``Doc i(Title: "t") text``
+    (no space) in search observations; ``quote_titles`` keeps the wiki-18 corpus quotes around titles and
+    ``observation_title_space`` adds the space back. ``bm25_query_note``: the code's extra prompt line for a BM25
+    retriever. ``question_mark``: append "?" to QA questions that lack one (the code's preprocessing).
+    """
+
+    k_initial: int = 3
+    k: int = 8
+    max_turns: int = 4
+    max_selected: int = 3
+    sampling: Sampling = field(default_factory=lambda: Sampling(max_new_tokens=500, stop=(QUERY_END,)))
+    generator_sampling: Sampling = field(default_factory=lambda: Sampling(temperature=0.0, max_new_tokens=500))
+    generator_prompt: str = "paper"
+    context_order: str = "chronological"
+    quote_titles: bool = True
+    observation_title_space: bool = False
+    bm25_query_note: bool = False
+    question_mark: bool = True
+
+    def __post_init__(self) -> None:
+        if self.generator_prompt not in GENERATOR_PROMPTS:
+            raise ValueError(
+                f"S3Config.generator_prompt must be one of {GENERATOR_PROMPTS}, not {self.generator_prompt!r}"
+            )
+        if self.context_order not in CONTEXT_ORDERS:
+            raise ValueError(f"S3Config.context_order must be one of {CONTEXT_ORDERS}, not {self.context_order!r}")
+        if self.k_initial < 1 or self.k < 1 or self.max_turns < 0:
+            raise ValueError("S3Config.k_initial and k must be >= 1 and max_turns >= 0")
+        if self.max_selected < 0:
+            raise ValueError("S3Config.max_selected must be >= 0 (0: no cap)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text formats
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _inert(text: str) -> str:
+    """Retrieved text made unable to act as a tag: tag look-alikes and chat-template markers (``<|im_end|>``)."""
+    return escape_observation(text).replace("<|", "&lt;|")
+
+
+def format_docs(passages: list[Passage], title_space: bool = True, quote_titles: bool = True) -> str:
+    """Documents as the searcher sees them, one line each: ``Doc i (Title: "t") text\\n`` (escaped)."""
+    space = " " if title_space else ""
+    lines = []
+    for i, p in enumerate(passages, 1):
+        title = f'"{p.title}"' if quote_titles else p.title
+        lines.append(f"Doc {i}{space}(Title: {_inert(title)}) {_inert(p.text)}\n")
+    return "".join(lines)
+
+
+def observation_text(passages: list[Passage], config: S3Config) -> str:
+    """The observation inserted after a query (the code's ``\\n\\n<information>{docs}</information>\\n\\n``)."""
+    docs = format_docs(passages, config.observation_title_space, config.quote_titles)
+    return f"\n\n<information>{docs}</information>\n\n"
+
+
+def invalid_action_feedback() -> str:
+    """The code's feedback after a reply with no valid action; it reopens a query for the next reply."""
+    return "\n\n" + load_prompt("s3_invalid_action") + "\n"
+
+
+def generator_context(passages: list[Passage]) -> str:
+    """The generator's context string, as the code builds it: ``Doc n (Title: t)\\ntext\\n\\n`` per document."""
+    return "".join(f"Doc {n} (Title: {p.title})\n{p.text}\n\n" for n, p in enumerate(passages, 1))
+
+
+def task_question(example: Example, config: S3Config) -> str:
+    """The question the searcher and the generator read: "?"-terminated for QA (the code's preprocessing); a
+    multiple-choice item gets its options as ``\\nOptions:\\nA: ..\\n`` (the code's MIRAGE format)."""
+    question = example.question.strip()
+    if config.question_mark and example.kind == "qa" and question and not question.endswith("?"):
+        question += "?"
+    options = example.metadata.get("options") if example.kind == "mcq" else None
+    if isinstance(options, dict) and options:
+        question += "\nOptions:\n" + "".join(f"{key}: {text}\n" for key, text in options.items())
+    return question
+
+
+def searcher_prompt(question: str, initial: list[Passage], config: S3Config) -> str:
+    """The searcher's user message (§3.2) with the initial documents pasted in."""
+    template = load_prompt("s3_searcher")
+    if config.bm25_query_note:
+        note = load_prompt("s3_searcher_bm25_note")
+        template = template.replace(_BM25_NOTE_ANCHOR, "\n" + note + _BM25_NOTE_ANCHOR, 1)
+    docs = format_docs(initial, title_space=True, quote_titles=config.quote_titles).strip()
+    # The official string ends with one newline after </information>; load_prompt strips it.
+    return template.format(question=question, initial_searched_results=docs) + "\n"
+
+
+def searcher_request(llm: LLM, prompt: str, assistant_text: str) -> tuple[Request, str]:
+    """The request that continues the searcher's single assistant message.
+
+    A backend that exposes its chat template (the local ``hf`` backend) gets the rendered prompt plus the
+    trajectory as a raw prompt: exactly the code's rolling context. Other backends get the trajectory as a final
+    assistant message, which servers that continue a final assistant message (vLLM's ``continue_final_message``)
+    extend in place and others answer as a new assistant turn. Returns the request and the mode used.
+    """
+    user = {"role": "user", "content": prompt}
+    tokenizer = getattr(llm, "tokenizer", None)
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        head = tokenizer.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
+        bos = getattr(tokenizer, "bos_token", None)
+        if bos and head.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
+            head = head[len(bos) :]  # the backend tokenizes raw prompts with special tokens: BOS is added once
+        return Request(prompt=head + assistant_text), "raw_prompt"
+    messages = [user, {"role": "assistant", "content": assistant_text}] if assistant_text else [user]
+    return Request(messages=messages), "assistant_message"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parsing a searcher reply (lenient; every rule that was needed is named in ``fallbacks``)
+# ---------------------------------------------------------------------------------------------------------------
+
+_QUERY = re.compile(r"<query>(.*?)</query>", re.S | re.I)
+_COMPLETE = re.compile(r"<search_complete>(.*?)</search_complete>", re.S | re.I)
+_COMPLETE_UNCLOSED = re.compile(r"<search_complete>\s*([A-Za-z0-9]+)", re.I)
+_IMPORTANT = re.compile(r"<important_info>(.*?)</important_info>", re.S | re.I)
+_IMPORTANT_UNCLOSED = re.compile(r"<important_info>([\s\d,\[\]]*)", re.I)
+_MODEL_INFORMATION = re.compile(r"<\s*information\s*>", re.I)
+_ANY_TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
+_QUERY_FIELD = re.compile(r'"query"\s*:\s*"((?:[^"\\]|\\.)*)"', re.S)
+
+
+@dataclass
+class SearcherTurn:
+    """What one searcher reply says: the query (None: none), ``<search_complete>``, and the raw selected doc
+    numbers (None: no ``<important_info>``), with the lenient rules that were needed."""
+
+    query: str | None = None
+    complete: bool = False
+    selection: list[int] | None = None
+    fallbacks: list[str] = field(default_factory=list)
+
+
+def clean_reply(raw: str, query_open: bool, stopped: bool) -> tuple[str, list[str]]:
+    """The part of a searcher reply that enters the trajectory.
+
+    The code cuts a reply right after its first ``</query>``. A reply that writes ``<information>`` itself is cut
+    before it (fallback ``model_information``): only the environment inserts evidence. When the backend stopped
+    at the ``</query>`` stop string (``stopped``) the string is not in ``raw``; it is put back when a query is open
+    (``query_open``: the previous observation was the feedback, which ends inside ``<query>``) and its body has no
+    tags.
+    """
+    lower = raw.lower()
+    end = lower.find(QUERY_END)
+    forged = _MODEL_INFORMATION.search(raw)
+    if end >= 0 and (forged is None or end < forged.start()):
+        return raw[: end + len(QUERY_END)], []
+    if forged is not None:
+        return raw[: forged.start()], ["model_information"]
+    opened = lower.rfind("<query>")
+    content = raw[opened + len("<query>") :] if opened >= 0 else raw if query_open else None
+    # An EOS inside an open query also reads as "stop": only a tag-free query body is taken as cut at </query>.
+    if stopped and content is not None and not _ANY_TAG.search(content):
+        return raw + QUERY_END, []
+    return raw, []
+
+
+def parse_query(content: str) -> tuple[str | None, str | None]:
+    """The search query inside ``<query>``: JSON ``{"query": ..}`` (a list: its first item); otherwise the raw
+    text (``query_not_json``), or the ``"query"`` field of broken JSON (``query_json_repaired``)."""
+    content = content.strip()
+    try:
+        value: Any = json.loads(content)
+    except json.JSONDecodeError:
+        match = _QUERY_FIELD.search(content)
+        if match:
+            try:
+                value = json.loads(f'"{match.group(1)}"')
+            except json.JSONDecodeError:
+                value = match.group(1)
+            return (value.strip() or None), "query_json_repaired"
+        return (content or None), ("query_not_json" if content else "empty_query")
+    fallback = None
+    if isinstance(value, dict) and "query" in value:
+        value = value["query"]
+    elif not isinstance(value, str):
+        value, fallback = content, "query_not_json"
+    if isinstance(value, list):
+        value = value[0] if value else ""
+    query = str(value).strip()
+    return (query or None), (fallback if query else "empty_query")
+
+
+def parse_reply(text: str, query_open: bool) -> SearcherTurn:
+    """Read a cleaned reply (§2.2): ``<search_complete>`` (true for true/yes/1/y), ``<query>`` and the first
+    ``<important_info>`` (all integers in it). A ``</query>`` without ``<query>`` gets ``<query>`` prepended as in
+    the code (the expected form right after the feedback)."""
+    turn = SearcherTurn()
+    lower = text.lower()
+    if QUERY_END in lower and "<query>" not in lower:
+        text = "<query>\n" + text
+        if not query_open:
+            turn.fallbacks.append("query_open_tag_missing")
+
+    match = _COMPLETE.search(text)
+    value = match.group(1) if match else None
+    if match is None and (unclosed := _COMPLETE_UNCLOSED.search(text)):
+        value = unclosed.group(1)
+        turn.fallbacks.append("search_complete_unclosed")
+    if value is not None:
+        value = value.strip().lower()
+        turn.complete = value in COMPLETE_VALUES
+        if not turn.complete and value not in NOT_COMPLETE_VALUES:
+            turn.fallbacks.append("search_complete_unreadable")
+
+    tags = _IMPORTANT.findall(text)
+    content = tags[0] if tags else None
+    if len(tags) > 1:
+        turn.fallbacks.append("extra_important_info")
+    if content is None and (unclosed := _IMPORTANT_UNCLOSED.search(text)) and re.search(r"\d", unclosed.group(1)):
+        content = unclosed.group(1)  # without ids an unclosed tag is no tag, as in the code: the block stays whole
+        turn.fallbacks.append("important_info_unclosed")
+    if content is not None:
+        turn.selection = [int(n) for n in re.findall(r"\d+", content)]
+        if not turn.selection and re.search(r"[^\s\[\],]", content):
+            turn.fallbacks.append("selection_unparsable")
+
+    if query_match := _QUERY.search(text):
+        turn.query, fallback = parse_query(query_match.group(1))
+        if fallback:
+            turn.fallbacks.append(fallback)
+    return turn
+
+
+def resolve_selection(numbers: list[int], n_docs: int, cap: int) -> tuple[list[int], list[str]]:
+    """Doc numbers of the block kept: in 1..``n_docs``, first occurrence, at most ``cap`` (0: any number)."""
+    kept: list[int] = []
+    fallbacks: list[str] = []
+    for n in numbers:
+        if not 1 <= n <= n_docs:
+            if "selection_out_of_range" not in fallbacks:
+                fallbacks.append("selection_out_of_range")
+        elif n not in kept:
+            kept.append(n)
+    if cap and len(kept) > cap:
+        kept = kept[:cap]
+        fallbacks.append("selection_capped")
+    return kept, fallbacks
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Block:
+    """One ``<information>`` block: the query that retrieved it (round 0: the question), its documents, the doc
+    numbers the searcher kept (``None``: never tagged, so all are kept) and whether the searcher stopped after it."""
+
+    query: str
+    passages: list[Passage]
+    selection: list[int] | None = None
+    important_info: list[int] | None = None
+    complete: bool = False
+    error: str | None = None
+
+    def kept(self) -> list[Passage]:
+        if self.selection is None:
+            return list(self.passages)
+        return [self.passages[n - 1] for n in self.selection]
+
+
+def served_documents(blocks: list[Block], order: str) -> tuple[list[Passage], int]:
+    """D_s3: the kept documents of all blocks, deduplicated by text (§2.3); returns them and the duplicates
+    dropped. ``order="selected_first"`` is the code's order (tagged blocks' picks, then untagged blocks whole)."""
+    if order == "selected_first":
+        sequence = [p for b in blocks if b.selection is not None for p in b.kept()]
+        sequence += [p for b in blocks if b.selection is None for p in b.passages]
+    else:
+        sequence = [p for b in blocks for p in b.kept()]
+    seen: set[str] = set()
+    served: list[Passage] = []
+    for p in sequence:
+        key = " ".join(p.text.split())
+        if key not in seen:
+            seen.add(key)
+            served.append(p)
+    return served, len(sequence) - len(served)
+
+
+def _passage_dict(p: Passage) -> dict[str, Any]:
+    return {"id": p.id, "title": p.title, "text": p.text}
+
+
+async def _search_round(ctx: Context, trace: Trace, query: str, config: S3Config) -> tuple[list[Passage], str | None]:
+    """The documents for a searcher query; a failed search gives an empty block (the code inserts "Error")."""
+    try:
+        return await ctx.search(trace, query, config.k), None
+    except Exception as exc:  # a broken retriever must not lose the example; the Step keeps the error
+        error = f"{type(exc).__name__}: {exc}"
+        trace.add(Step(kind="search", query=query, error=error, fallback="retrieval_error"))
+        return [], error
+
+
+async def run_searcher(
+    ctx: Context, trace: Trace, prompt: str, blocks: list[Block], transcript: Transcript, config: S3Config
+) -> bool:
+    """The searcher's rounds over one growing assistant message; returns whether it said the search is complete."""
+    llm = ctx.model()
+    query_open = False
+    complete = False
+    stop_at_query_end = QUERY_END in config.sampling.stop
+    step: Step | None = None
+    for turn_index in range(config.max_turns + 1):
+        final = turn_index == config.max_turns
+        request, mode = searcher_request(llm, prompt, transcript.text)
+        step, _ = await ctx.generate(trace, "searcher", request, config.sampling)
+        stopped = stop_at_query_end and step.meta.get("finish_reason") == "stop"
+        text, fallbacks = clean_reply(step.output or "", query_open, stopped)
+        transcript.model(text)
+        turn = parse_reply(text, query_open)
+        fallbacks += turn.fallbacks
+
+        block_index = len(blocks) - 1
+        block = blocks[block_index]
+        applied = False
+        if turn.selection is not None:
+            if block.important_info is not None:  # the code pairs one tag with one block; later tags are unused
+                fallbacks.append("selection_repeated")
+            else:
+                block.important_info = turn.selection
+                block.selection, selection_fallbacks = resolve_selection(
+                    turn.selection, len(block.passages), config.max_selected
+                )
+                fallbacks += selection_fallbacks
+                applied = True
+        complete = block.complete = turn.complete
+
+        query_open = False
+        if complete:
+            action = "complete"  # wins over a query in the same reply (code)
+        elif final:
+            action = "stop"
+            if turn.query:
+                step.meta["ignored_query"] = turn.query
+        elif turn.query:
+            action = "search"
+            passages, error = await _search_round(ctx, trace, turn.query, config)
+            transcript.observation(observation_text(passages, config))
+            blocks.append(Block(query=turn.query, passages=passages, error=error))
+        else:
+            action = "invalid"
+            fallbacks.append("invalid_action")
+            transcript.observation(invalid_action_feedback())
+            query_open = True
+
+        step.parsed = {
+            "action": action,
+            "query": turn.query,
+            "search_complete": turn.complete,
+            "important_info": turn.selection,
+            "selected_ids": [p.id for p in block.kept()] if applied else [],
+        }
+        step.meta.update(turn=turn_index, block=block_index, continuation=mode)
+        if text != (step.output or ""):
+            step.meta["kept_text"] = text
+        step.fallback = "+".join(dict.fromkeys(fallbacks)) or None
+        if complete or final:
+            break
+    if not complete and step is not None:  # turn limit: the context is still built from what was selected
+        step.fallback = "+".join(filter(None, [step.fallback, "turn_limit"]))
+    return complete
+
+
+async def answer_with_generator(
+    ctx: Context, trace: Trace, question: str, served: list[Passage], config: S3Config
+) -> None:
+    """Â = G(Q, D_s3): one call to the frozen generator (role ``generator``); its reply is the answer, used raw
+    as in the paper. With nothing to serve, no call is made (the code scores an empty context as wrong)."""
+    if not served:
+        trace.add(Step(kind="answer", output="", parsed="", fallback="empty_context", meta={"role": "generator"}))
+        trace.answer = ""
+        return
+    context = generator_context(served)
+    sampling = config.generator_sampling
+    if config.generator_prompt == "code_chat":
+        system = load_prompt("s3_generator_code_chat").format(context=context)
+        step = await ctx.chat(trace, "answer", question, sampling, system=system, role="generator")
+    else:
+        # The paper's prompt has "Contexts: {context}" on one line; the code's variants keep the trailing blank line.
+        text = context.rstrip("\n") if config.generator_prompt == "paper" else context
+        prompt = load_prompt(f"s3_generator_{config.generator_prompt}").format(context=text, question=question)
+        step = await ctx.chat(trace, "answer", prompt, sampling, role="generator")
+    step.meta.setdefault("role", "generator")
+    step.meta["doc_ids"] = [p.id for p in served]
+    trace.answer = (step.output or "").strip()
+    step.parsed = trace.answer
+    if not trace.answer:
+        step.fallback = "empty_answer"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Terminal view
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def render_s3(trace: Trace) -> RenderableType:
+    """The rounds (query, titles of the documents kept, stop decision), the generator's context and the answer."""
+    rounds = trace.meta.get("rounds")
+    if rounds is None:
+        return Text("no s3 search (the run stopped before the searcher started)", style="red")
+    titles = {p["id"]: p["title"] for p in trace.meta.get("naive_rag_passages", [])}
+    for step in trace.steps:
+        titles.update((p.id, p.title) for p in step.passages)
+    tree = Tree(Text("s3 search", style="bold"), guide_style="dim")
+    for r in rounds:
+        label = Text(f"round {r['round']}  ", style="bold")
+        label.append("question (naive-RAG top-k)" if r["round"] == 0 else f"query: {r['query']}", style="cyan")
+        node = tree.add(label)
+        kept = set(r["selected_ids"])
+        how = "no <important_info>: all kept" if r["selection"] == "all" else f"<important_info> {r['important_info']}"
+        node.add(Text(f"{len(r['retrieved_ids'])} retrieved, {len(kept)} kept ({how})", style="dim"))
+        if r.get("error"):
+            node.add(Text(f"search error: {r['error']}", style="red"))
+        for i, pid in enumerate(r["retrieved_ids"], 1):
+            if pid in kept:
+                node.add(Text(f"Doc {i}: {titles.get(pid) or pid}", style="green"))
+        node.add(Text(f"search_complete: {r['search_complete']}", style="bold" if r["search_complete"] else "dim"))
+    if not trace.meta.get("search_complete", False):
+        tree.add(Text("turn limit reached without <search_complete>True", style="yellow"))
+    served = trace.meta.get("selected_passages", [])
+    context = tree.add(Text(f"generator context: {len(served)} documents", style="bold"))
+    for i, p in enumerate(served, 1):
+        context.add(Text(f"Doc {i}: {p['title'] or p['id']}"))
+    answer = trace.answer or "(no answer)"
+    tree.add(Text(f"answer: {answer}", style="bold green" if trace.answer else "bold red"))
+    return tree
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The agent
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@register_agent("s3", config=S3Config, needs_retriever=True, render=render_s3)
+async def s3(example: Example, ctx: Context, trace: Trace) -> Trace:
+    """s3: a searcher queries, selects documents and decides when to stop; a frozen generator answers from them."""
+    config: S3Config = ctx.config
+    trace.answer = ""
+    question = task_question(example, config)
+    # q0 = Q: the same top-k as naive RAG ("Begin with Search"); a multiple-choice item searches its stem only.
+    initial = await ctx.search(trace, example.question.strip(), config.k_initial)
+    trace.meta["naive_rag_ids"] = [p.id for p in initial]
+    trace.meta["naive_rag_passages"] = [_passage_dict(p) for p in initial]
+    trace.meta["naive_rag_context"] = generator_context(initial)
+    trace.meta["generator_question"] = question  # with naive_rag_context: G(Q, D_RAG) for Gain Beyond RAG
+    prompt = searcher_prompt(question, initial, config)
+    trace.meta["searcher_prompt"] = prompt
+
+    blocks = [Block(query=example.question.strip(), passages=initial)]
+    transcript = Transcript()
+    try:
+        complete = await run_searcher(ctx, trace, prompt, blocks, transcript, config)
+    finally:  # whatever happened, the trace shows the trajectory so far
+        trace.meta["transcript"] = transcript.to_list()
+        trace.meta["rounds"] = [
+            {
+                "round": i,
+                "query": b.query,
+                "retrieved_ids": [p.id for p in b.passages],
+                "important_info": b.important_info,
+                "selected_ids": [p.id for p in b.kept()],
+                "selection": "all" if b.selection is None else "tagged",
+                "search_complete": b.complete,
+                **({"error": b.error} if b.error else {}),
+            }
+            for i, b in enumerate(blocks)
+        ]
+    served, duplicates = served_documents(blocks, config.context_order)
+    trace.meta["search_complete"] = complete
+    trace.meta["selected_ids"] = [p.id for p in served]
+    trace.meta["selected_passages"] = [_passage_dict(p) for p in served]
+    trace.meta["duplicates_dropped"] = duplicates
+    await answer_with_generator(ctx, trace, question, served, config)
+    return trace
