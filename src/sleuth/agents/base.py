@@ -102,7 +102,7 @@ class AgentSpec:
 
 AGENTS: dict[str, AgentSpec] = {}
 
-AGENT_MODULES = ("baselines", "acesearcher", "exsearch", "s3", "arena")
+AGENT_MODULES = ("baselines", "acesearcher", "acesearcher_doc", "exsearch", "s3", "arena")
 
 
 def register_agent(
