@@ -23,6 +23,11 @@ def test_configure_converts_types_and_reaches_nested_frozen_settings() -> None:
     assert config.sampling.temperature == 0.7 and config.sampling.stop == ("</a>", "\n\n")
     assert config.sampling.max_new_tokens == NaiveRAGConfig().sampling.max_new_tokens
     assert configure(NaiveRAGConfig, {"k": 7}).k == 7  # non-strings pass through (config files)
+    # fields that default to None get their type from the annotation (``int | None``)
+    from sleuth.agents.acesearcher import AceSearcherConfig
+
+    ace = configure(AceSearcherConfig, {"final_max_new_tokens": "128", "decompose_max_new_tokens": "none"})
+    assert ace.final_max_new_tokens == 128 and ace.decompose_max_new_tokens is None
 
 
 @pytest.mark.parametrize(

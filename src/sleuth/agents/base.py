@@ -214,9 +214,26 @@ class Transcript:
 # -- method options from the command line (`--set k=3 --set sampling.temperature=0.7`) ----------------------------
 
 
-def _coerce(raw: Any, current: Any, key: str) -> Any:
+def _field_kind(owner: Any, name: str) -> type | None:
+    """The concrete type a field holds when its value is None (``int | None`` -> int), from its annotation."""
+    import typing
+
+    try:
+        hint = typing.get_type_hints(type(owner)).get(name)
+    except Exception:  # unresolvable annotations: keep the string
+        return None
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return next((a for a in (bool, int, float) if a in args), None)
+
+
+def _coerce(raw: Any, current: Any, key: str, kind: type | None = None) -> Any:
     if not isinstance(raw, str):
         return raw
+    if current is None:
+        if raw.lower() in ("none", "null", ""):
+            return None
+        if kind is not None:
+            return _coerce(raw, kind(), key)
     if isinstance(current, bool):
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
@@ -232,8 +249,6 @@ def _coerce(raw: Any, current: Any, key: str) -> Any:
         raise ValueError(f"option {key}: expected a {type(current).__name__}, got {raw!r}") from None
     if isinstance(current, tuple | list):
         return type(current)(part for part in raw.split(",") if part)
-    if current is None and raw.lower() in ("none", "null"):
-        return None
     return raw
 
 
@@ -256,7 +271,7 @@ def configure(config_cls: type, options: dict[str, Any] | None = None) -> Any:
         if leaf not in names:
             known = ", ".join(sorted(f.name for f in dataclasses.fields(config)))
             raise ValueError(f"unknown option {key!r} for {config_cls.__name__} (options: {known})")
-        value = _coerce(raw, getattr(target, leaf), key)
+        value = _coerce(raw, getattr(target, leaf), key, _field_kind(target, leaf))
         # frozen dataclasses (Sampling) are rebuilt bottom-up with dataclasses.replace
         for owner, name in zip(reversed(owners), reversed([*path, leaf]), strict=True):
             if owner.__dataclass_params__.frozen:
