@@ -1,0 +1,101 @@
+"""Trainer configs: one dataclass per trainer, read from a YAML (or JSON) file.
+
+Nested mappings fill nested dataclasses (``sampling: {temperature: 1.0}``); unknown keys are errors that name the
+file and the key, so a typo never silently trains with a default. ``overrides`` (``{"lr": "1e-5"}`` from the command
+line, dotted keys allowed) are applied after the file.
+
+>>> from dataclasses import dataclass
+>>> @dataclass
+... class Demo:
+...     lr: float = 1e-5
+...     epochs: int = 1
+>>> from_mapping(Demo, {"lr": 2e-5})
+Demo(lr=2e-05, epochs=1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sleuth.agents.base import configure
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file is unreadable, or names a key the trainer does not have."""
+
+
+def _flatten(config: Any, mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys for ``configure``: descend only where the config holds a nested dataclass, so dict-valued
+    fields (e.g. mixing ratios) take the mapping whole."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        current = getattr(config, key, None)
+        if isinstance(value, dict) and dataclasses.is_dataclass(current):
+            out.update(_flatten(current, value, f"{prefix}{key}."))
+        elif isinstance(value, list) and isinstance(current, tuple):
+            out[f"{prefix}{key}"] = tuple(value)
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def from_mapping(cls: type[T], mapping: dict[str, Any] | None, source: str = "config") -> T:
+    """``cls`` with ``mapping`` applied (nested dicts into nested dataclasses)."""
+    try:
+        return configure(cls, _flatten(cls(), mapping or {}))
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_config(cls: type[T], path: str | Path | None, overrides: dict[str, Any] | None = None) -> T:
+    """Read ``path`` (YAML or JSON) into ``cls``, then apply ``overrides``."""
+    mapping: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        text = path.read_text(encoding="utf-8")
+        try:
+            if path.suffix == ".json":
+                mapping = json.loads(text)
+            else:
+                import yaml
+
+                mapping = yaml.safe_load(text) or {}
+        except Exception as exc:
+            raise ConfigError(f"{path}: not valid YAML/JSON ({exc})") from None
+        if not isinstance(mapping, dict):
+            raise ConfigError(f"{path}: expected a mapping of options at the top level")
+    mapping = _merge(mapping, _unflatten(overrides or {}))
+    return from_mapping(cls, mapping, source=str(path or "overrides"))
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def to_mapping(config: Any) -> dict[str, Any]:
+    """A config as plain JSON-able data (written next to every checkpoint)."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
