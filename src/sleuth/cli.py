@@ -20,6 +20,8 @@ index_app = typer.Typer(help="Build and inspect retrieval indexes.", no_args_is_
 assets_app = typer.Typer(help="The embedded defaults (model, corpus, embedder), fetched once.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
 app.add_typer(assets_app, name="assets")
+train_app = typer.Typer(help="Train: SFT and method trainers (the `train` extra).", no_args_is_help=True)
+app.add_typer(train_app, name="train")
 
 console = Console(stderr=True)
 
@@ -418,3 +420,35 @@ def assets_verify() -> None:
 
 if __name__ == "__main__":
     app()
+
+
+@train_app.command("sft")
+def train_sft_command(
+    config: Annotated[Path, typer.Option(help="SFT config (YAML/JSON); see configs/sft_synth.yaml.")],
+    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+) -> None:
+    """AceSearcher Stage I: fine-tune on decomposition, context-QA and reasoning records (resumes after a kill)."""
+    from sleuth.train.config import ConfigError
+    from sleuth.train.sft import main
+
+    try:
+        out = main(config, _options(option))
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(f"model saved to [bold]{out}[/] (use --llm hf:{out})")
+
+
+@train_app.command("acesearcher")
+def train_acesearcher_command(
+    config: Annotated[Path, typer.Option(help="mDPO config (YAML/JSON); see configs/mdpo_synth.yaml.")],
+    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+) -> None:
+    """AceSearcher Stage II: iterative DPO (mDPO) on sampled decompositions, sub-answers and final answers."""
+    from sleuth.train.config import ConfigError
+    from sleuth.train.mdpo import main
+
+    try:
+        summary = main(config, _options(option))
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(summary if isinstance(summary, str) else json.dumps(summary, indent=2, default=str)[:4000])

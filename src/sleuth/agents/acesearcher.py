@@ -25,28 +25,34 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sleuth.agents.base import Context, escape_observation, format_passages, load_prompt, register_agent
 from sleuth.eval.metrics import claim_label
 from sleuth.llm import Sampling
-from sleuth.records import Example, Passage, Trace
+from sleuth.records import Example, Passage, Step, Trace
 
 __all__ = [
+    "GIVEN_DECOMPOSITION",
     "AceSearcherConfig",
     "SubQuestion",
     "acesearcher",
     "clean_subanswer",
     "decompose",
+    "decompose_prompt",
     "dependency_waves",
     "extract_answer",
+    "final_prompt",
     "is_fact",
     "parse_decomposition",
     "passage_budget",
+    "passages_text",
     "pool_passages",
     "render_acesearcher",
     "resolve_references",
+    "subanswer_prompt",
     "zigzag",
 ]
 
@@ -54,6 +60,9 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------------
 # Config
 # ---------------------------------------------------------------------------------------------------------------
+
+# Example.metadata key: a decomposition text the agent uses instead of calling the decomposer (see `decompose`).
+GIVEN_DECOMPOSITION = "acesearcher_decomposition"
 
 
 @dataclass
@@ -335,12 +344,62 @@ def pool_passages(per_subquestion: list[list[Passage]], budget: int) -> list[Pas
     return pool
 
 
-def _passages_text(passages: list[Passage], style: str) -> str:
-    # Retrieved text never carries a tag the final prompt asks the model to write (<answer>).
+def passages_text(passages: list[Passage], style: str = "title_text") -> str:
+    """Passages as the agent's prompts show them: ``format_passages`` with every tag look-alike escaped, so
+    retrieved text never carries a tag the final prompt asks the model to write (``<answer>``)."""
     safe = [
         dataclasses.replace(p, title=escape_observation(p.title), text=escape_observation(p.text)) for p in passages
     ]
     return format_passages(safe, style)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts: pure builders shared by the agent and the SFT data builders (sleuth.train.sft), so that a model trained
+# on them meets at inference exactly the text it was trained on.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def decompose_prompt(question: str, fact: bool, prompts: str = "paper") -> str:
+    """The decomposition prompt for ``question`` (QA: Fig. 9, claims: Fig. 10; ``prompts="code"``: the released
+    strings), as sent."""
+    return _prompt("decompose", fact, prompts).format(question=question, claim=question).strip()
+
+
+def subanswer_prompt(
+    subquestion: str,
+    passages: list[Passage],
+    fact: bool,
+    prompts: str = "paper",
+    passage_style: str = "title_text",
+    passage_order: str = "rank",
+) -> str:
+    """The sub-question (or sub-claim) answering prompt over ``passages`` given in retriever order
+    (``passage_order="zigzag"`` reorders them as the released code does), as sent."""
+    ordered = zigzag(passages) if passage_order == "zigzag" else passages
+    template = _prompt("subanswer", fact, prompts)
+    return template.format(passages=passages_text(ordered, passage_style), subquestion=subquestion).strip()
+
+
+def final_prompt(
+    question: str,
+    items: Sequence[tuple[int, str, str]],
+    pool: list[Passage],
+    fact: bool,
+    prompts: str = "paper",
+    passage_style: str = "title_text",
+) -> str:
+    """The final-answer prompt, as sent. ``items``: ``(index, resolved sub-question, answer)`` per sub-question;
+    ``pool``: the passage pool (unused for fact verification, whose prompt has no passages: Fig. 17,
+    ``main_qa.py``)."""
+    item = load_prompt(f"acesearcher_{'code_' if prompts == 'code' else ''}final_item")
+    # The paper's figures lost their line breaks in conversion (entries read space-separated); the code uses "\n".
+    separator = "\n" if prompts == "code" else " "
+    subanswers = separator.join(item.format(index=i, subquestion=q, answer=a) for i, q, a in items)
+    template = _prompt("final", fact, prompts)
+    if fact:
+        return template.format(subanswers=subanswers, question=question).strip()
+    passages = passages_text(pool, passage_style)
+    return template.format(passages=passages, subanswers=subanswers, question=question).strip()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -355,12 +414,17 @@ async def decompose(example: Example, ctx: Context, trace: Trace, config: Any) -
     ``decompose_max_new_tokens`` and ``max_subquestions`` default to "paper", "auto", None and 6 when absent).
     The step records the parsed sub-questions and the fallback; when nothing parses the question itself is the
     single sub-question (``"unparsed+question_as_subquestion"``), so the list is never empty.
+
+    ``example.metadata[GIVEN_DECOMPOSITION]`` (a decomposition text) replaces the call: the step then has no prompt
+    and ``meta["given"] = True``. mDPO uses it to sample several solver runs under one sampled decomposition.
     """
-    fact = is_fact(example, config)
-    prompts = getattr(config, "prompts", "paper")
-    prompt = _prompt("decompose", fact, prompts).format(question=example.question, claim=example.question)
-    sampling = _budgeted(config.sampling, getattr(config, "decompose_max_new_tokens", None))
-    step = await ctx.chat(trace, "decompose", prompt.strip(), sampling)
+    given = example.metadata.get(GIVEN_DECOMPOSITION)
+    if isinstance(given, str):  # fixed by the caller: no model call, parsed like a model output
+        step = trace.add(Step(kind="decompose", output=given, meta={"given": True}))
+    else:
+        prompt = decompose_prompt(example.question, is_fact(example, config), getattr(config, "prompts", "paper"))
+        sampling = _budgeted(config.sampling, getattr(config, "decompose_max_new_tokens", None))
+        step = await ctx.chat(trace, "decompose", prompt, sampling)
     subs, fallback = parse_decomposition(step.output or "", getattr(config, "max_subquestions", 6))
     if not subs:
         subs = [SubQuestion(1, example.question, [])]
@@ -401,12 +465,9 @@ async def _solve(
     resolved = resolve_references(sub.text, answers)
     unresolved = [k for k in _references(sub.text) if not answers.get(k)]
     passages = await ctx.search(trace, resolved, config.k)
-    ordered = zigzag(passages) if config.passage_order == "zigzag" else passages
-    prompt = _prompt("subanswer", fact, config.prompts).format(
-        passages=_passages_text(ordered, config.passage_style), subquestion=resolved
-    )
+    prompt = subanswer_prompt(resolved, passages, fact, config.prompts, config.passage_style, config.passage_order)
     sampling = _budgeted(config.sampling, config.subanswer_max_new_tokens)
-    step = await ctx.chat(trace, "subanswer", prompt.strip(), sampling)
+    step = await ctx.chat(trace, "subanswer", prompt, sampling)
     if config.subanswer_cleanup:
         answer, fallback = clean_subanswer(step.output or "", fact)
     else:
@@ -507,27 +568,17 @@ async def acesearcher(example: Example, ctx: Context, trace: Trace) -> Trace:
     solved = await _solve_all(subs, ctx, trace, config, fact)
     _record_decomposition(trace, solved)
 
-    item = load_prompt(f"acesearcher_{'code_' if config.prompts == 'code' else ''}final_item")
-    # The paper's figures lost their line breaks in conversion (entries read space-separated); the code uses "\n".
-    separator = "\n" if config.prompts == "code" else " "
-    subanswers = separator.join(
-        item.format(index=s.sub.index, subquestion=s.resolved, answer=s.answer) for s in solved
-    )
-    template = _prompt("final", fact, config.prompts)
-    if fact:  # Fig. 17 and main_qa.py: the sub-claims and their Yes/No answers only, no passages
-        prompt = template.format(subanswers=subanswers, question=example.question)
-        pool: list[Passage] = []
-    else:
+    pool: list[Passage] = []
+    if not fact:  # Fig. 17 and main_qa.py: the sub-claims and their Yes/No answers only, no passages
         budget = passage_budget(len(solved), config.total_passages, config.budget_rule)
         pool = pool_passages([s.passages for s in solved], budget)
         trace.meta["passage_budget"] = budget
-        prompt = template.format(
-            passages=_passages_text(pool, config.passage_style), subanswers=subanswers, question=example.question
-        )
+    items = [(s.sub.index, s.resolved, s.answer) for s in solved]
+    prompt = final_prompt(example.question, items, pool, fact, config.prompts, config.passage_style)
     trace.meta["pool_ids"] = [p.id for p in pool]
 
     sampling = _budgeted(config.sampling, config.final_max_new_tokens)
-    step = await ctx.chat(trace, "answer", prompt.strip(), sampling)
+    step = await ctx.chat(trace, "answer", prompt, sampling)
     answer, fallback = extract_answer(step.output or "")
     if fact:
         label = claim_label(answer)

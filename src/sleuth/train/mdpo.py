@@ -1,0 +1,1039 @@
+"""AceSearcher stage II: iterative ("multi-turn") DPO over self-sampled decompositions and solver runs.
+
+Paper: Xu et al., *AceSearcher*, NeurIPS 2025 (arXiv 2509.24193), §4.2-§4.3 and App. F.2; the digest
+``research/acesearcher.md`` §4 is the specification followed here. One iteration t, with policy θ(t):
+
+1. **Sample** (§4.3). For every training question, ``decompositions`` (m = 3) runs of the ``acesearcher`` agent at
+   temperature 1.0; each samples a decomposition z and a first solver trajectory under it. Then ``solutions - 1``
+   (m' - 1 = 3) more agent runs per sampled z with z *fixed* (``Example.metadata[GIVEN_DECOMPOSITION]``): sub-answers
+   and the final answer are sampled, the decomposition call is skipped. Every run is stored in the rollout store
+   ``OUT/iter{t}/rollouts`` (keys ``{question}#{i}`` for the run that sampled z_i, ``{question}#{i}#{j}`` for the
+   fixed-z runs), so a killed run resumes where it stopped.
+2. **Score** every trajectory (Eq. 4.1): ``reward="paper"`` is EM(a', a) x format-valid, ``reward="code"`` the
+   released code's EM + Acc + F1 in [0, 3] (see :func:`trajectory_reward` and :func:`format_checks`).
+3. **Pairs** (§4.4), TRL conversational preference records in ``OUT/iter{t}/pairs.jsonl``:
+
+   - ``decompose``: per question, the decomposition with the highest mean reward over its solver runs vs the one with
+     the lowest (identical decompositions are merged first); prompt = the decomposition prompt.
+   - ``subq``: per decomposition, the best trajectory T+ vs the worst T-; for every sub-question i whose answers
+     differ, prompt = T+'s sub-question prompt (its resolved sub-question and passages), chosen/rejected = the two
+     sub-answer outputs.
+   - ``final``: per decomposition, prompt = T+'s final-answer prompt (its sub-answers and passage pool),
+     chosen/rejected = the final outputs of T+ and T-.
+
+   Ties (best reward == worst reward) are dropped, as the paper says; every group that gives no pair is counted by
+   reason in the iteration's stats (``degenerate``) instead of failing.
+4. **DPO** (§4.5) with TRL's ``DPOTrainer``: sigmoid loss, β = 0.1, initialised from θ(t) with the frozen reference
+   θ(t) (the previous iteration's model; iteration 1: the SFT model), optionally plus the released configs' chosen-NLL
+   term (``nll_weight``, LLaMA-Factory ``pref_ftx``) and LoRA (merged after training). Checkpoints resume.
+5. **Evaluate** the new model greedily on dev questions (EM), write ``OUT/iter{t}/stats.json``.
+
+Output layout (an iteration whose ``model`` directory exists is skipped on a rerun)::
+
+    OUT/config.json
+    OUT/index/                   BM25 index of the corpus (when no index was given)
+    OUT/iter{t}/rollouts/        rollout store (store.json + rollouts.jsonl)
+    OUT/iter{t}/pairs.jsonl      preference pairs (format: docs/training.md "mDPO")
+    OUT/iter{t}/trainer/         DPO checkpoints (removed once the model is saved, unless keep_checkpoints)
+    OUT/iter{t}/model/           θ(t+1), a plain transformers directory
+    OUT/iter{t}/stats.json       pairs per set, rewards, margins, DPO accuracy, dev EM
+    OUT/summary.json
+
+>>> summary = train_mdpo(load_config(MDPOConfig, "configs/mdpo_synth.yaml"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sleuth.agents import Context
+from sleuth.agents.acesearcher import GIVEN_DECOMPOSITION, AceSearcherConfig
+from sleuth.eval.metrics import accuracy, claim_accuracy, exact_match, f1_score, normalize_answer, score_example
+from sleuth.llm import LLM
+from sleuth.records import Example, Step, Trace
+from sleuth.retrieval import Retriever
+from sleuth.train.config import ConfigError, load_config, to_mapping
+from sleuth.train.rollouts import Rollout, RolloutStore, collect, model_revision
+
+__all__ = [
+    "MDPO_KEY",
+    "PAIR_SETS",
+    "MDPOConfig",
+    "Trajectory",
+    "build_dpo_trainer",
+    "build_pairs",
+    "evaluate_dev",
+    "format_checks",
+    "load_pairs",
+    "main",
+    "sample_rollouts",
+    "train_dpo",
+    "train_mdpo",
+    "trajectories",
+    "trajectory_reward",
+    "write_pairs",
+]
+
+PAIR_SETS: tuple[str, ...] = ("decompose", "subq", "final")
+MDPO_KEY = "mdpo"  # Example.metadata key: {"question_id", "decomposition"} of a sampled run
+METHOD = "acesearcher"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MDPOConfig:
+    """Options of ``sleuth train acesearcher``. Defaults follow the paper; comments name the released code's value.
+
+    Data: ``train_file``/``dev_file`` (Example jsonl), ``corpus`` (passages) and ``index`` (a retriever spec). With
+    ``data_dir`` set, they default to its ``train.jsonl``/``dev.jsonl``/``corpus.jsonl``, and a non-empty ``synth``
+    (keyword arguments of :func:`sleuth.data.synth.synthesize`) first generates a synthetic world there if it has no
+    ``world.json``. Without ``index``, a BM25 index of ``corpus`` is built in ``OUT/index``.
+    """
+
+    model: str = "default"  # θ(1), the SFT model: a transformers directory, or "default" (the embedded SmolLM2)
+    output_dir: str = "runs/mdpo"
+    data_dir: str = ""
+    synth: dict[str, Any] = field(default_factory=dict)
+    train_file: str = ""
+    dev_file: str = ""
+    corpus: str = ""
+    index: str = ""
+    train_limit: int | None = None  # training questions used per iteration (None: all)
+    dev_limit: int | None = 100  # dev questions for the per-iteration EM (0: no evaluation)
+    llm_options: str = ""  # options of the hf: backend for sampling and evaluation ("device=cpu&threads=2")
+    agent: AceSearcherConfig = field(default_factory=AceSearcherConfig)  # evaluation uses it as is (greedy)
+    # Sampling [paper §4.3, App. F.2]; the rollouts use `agent` with this temperature / top_p.
+    decompositions: int = 3  # m
+    solutions: int = 4  # m'
+    temperature: float = 1.0  # code: 0.7
+    top_p: float = 1.0  # code: 0.99
+    concurrency: int = 64
+    # Rewards and pairs [paper Eq. 4.1, §4.4]
+    reward: Literal["paper", "code"] = "paper"
+    min_margin: float = 0.0  # keep a pair only if best - worst > min_margin (paper: drop ties; code gates: 1.33)
+    pair_sets: tuple[str, ...] = PAIR_SETS  # the released mix has no "subq" pairs
+    # "every": D_subq / D_final from every sampled decomposition (as the code does); "best": only from the
+    # decomposition with the highest mean reward (one set of pairs per question, as the paper's notation suggests).
+    pairs_from: Literal["every", "best"] = "every"
+    # D_decompose completions: "raw" = the model's output as sampled; "canonical" = re-serialised
+    # "### Q<k>: text" lines, as the released create_dpo_pairs.py writes them.
+    decomposition_completion: Literal["raw", "canonical"] = "raw"
+    # DPO [paper §4.5, App. F.2]
+    iterations: int = 2  # T
+    beta: float = 0.1  # the released 8B config: 0.5
+    nll_weight: float = 0.0  # the released configs' pref_ftx: 0.2-0.5 (see build_dpo_trainer)
+    learning_rate: float = 1e-6  # 1.5B: 1e-6; 8B/14B: 5e-7; 32B LoRA: 1e-6
+    batch_size: int = 64  # pairs per optimizer step
+    per_device_batch_size: int = 1  # gradient accumulation makes up the rest
+    epochs: float = 1.0
+    max_steps: int = -1  # > 0: stop after this many optimizer steps (smoke runs)
+    warmup_ratio: float = 0.05
+    lr_scheduler: str = "linear"  # the paper states none; the released configs use cosine
+    adam_beta2: float = 0.98  # paper App. F; LLaMA-Factory's default (used by the released configs) is 0.999
+    max_length: int | None = 2048  # prompt + completion tokens (paper: 2048 / 2560; code cutoff 2100-2200)
+    lora: bool = False
+    lora_r: int = 8  # paper (32B); the released config: 16
+    lora_alpha: int = 16
+    lora_target: str = "all-linear"
+    precompute_ref_log_probs: bool = False
+    gradient_checkpointing: bool = False
+    bf16: bool | None = None  # None: on a GPU that supports it
+    save_steps: int = 50
+    keep_checkpoints: bool = False
+    seed: int = 0
+    eval_initial: bool = True  # also evaluate θ(1) on dev (iteration 1's stats: dev_initial)
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError for option values train_mdpo cannot run with."""
+        if self.reward not in ("paper", "code"):
+            raise ValueError(f"reward={self.reward!r}; expected 'paper' or 'code'")
+        if self.pairs_from not in ("every", "best"):
+            raise ValueError(f"pairs_from={self.pairs_from!r}; expected 'every' or 'best'")
+        if self.decomposition_completion not in ("raw", "canonical"):
+            raise ValueError(f"decomposition_completion={self.decomposition_completion!r}; expected 'raw'/'canonical'")
+        unknown = set(self.pair_sets) - set(PAIR_SETS)
+        if unknown:
+            raise ValueError(f"pair_sets has unknown set(s) {sorted(unknown)}; known: {PAIR_SETS}")
+        for name in ("decompositions", "solutions", "iterations", "batch_size", "per_device_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError("warmup_ratio must be in [0, 1)")
+        self.agent.validate()
+
+    def rollout_agent(self) -> AceSearcherConfig:
+        """The agent config of the sampled runs: ``agent`` with the rollout temperature and top_p."""
+        sampling = dataclasses.replace(self.agent.sampling, temperature=self.temperature, top_p=self.top_p)
+        return dataclasses.replace(self.agent, sampling=sampling)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sampling
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _tagged(example: Example, question_id: str, decomposition: int | None, given: str | None = None) -> Example:
+    copy = Example.from_dict(example.to_dict())
+    copy.metadata[MDPO_KEY] = {"question_id": question_id, "decomposition": decomposition}
+    if given is not None:
+        copy.id = f"{question_id}#{decomposition}"
+        copy.metadata[GIVEN_DECOMPOSITION] = given
+    return copy
+
+
+def _decompose_step(trace: Trace) -> Step | None:
+    return next((s for s in trace.steps if s.kind == "decompose"), None)
+
+
+def sample_rollouts(
+    examples: Iterable[Example],
+    ctx: Context,
+    store: RolloutStore,
+    decompositions: int = 3,
+    solutions: int = 4,
+    concurrency: int = 64,
+    progress: bool = False,
+) -> int:
+    """Sample m decompositions per question and m' solver runs per decomposition into ``store``; returns the number of
+    new rollouts. ``ctx.config`` must sample (temperature > 0). Keys already in the store are not sampled again.
+
+    Run ``{q}#{i}`` samples decomposition i of question q and its first solver run; runs ``{q}#{i}#{j}``
+    (j = 0..m'-2) reuse that decomposition's output text verbatim, so their only model calls are sub-answers and the
+    final answer. A run that failed before its decomposition has no fixed-z runs (counted in the pair stats).
+    """
+    examples = list(examples)
+    wanted = {e.id for e in examples}
+    first = [_tagged(e, e.id, None) for e in examples]
+    new = collect(METHOD, first, ctx, store, samples=decompositions, concurrency=concurrency, progress=progress)
+    if solutions < 2:
+        return new
+    fixed: list[Example] = []
+    for rollout in store:
+        info = rollout.trace.example.metadata.get(MDPO_KEY) or {}
+        if info.get("decomposition") is not None or rollout.group not in wanted:
+            continue
+        step = _decompose_step(rollout.trace)
+        if step is None or step.output is None:
+            continue
+        fixed.append(_tagged(rollout.trace.example, rollout.group, rollout.sample, given=step.output))
+    fixed.sort(key=lambda e: e.id)
+    new += collect(METHOD, fixed, ctx, store, samples=solutions - 1, concurrency=concurrency, progress=progress)
+    return new
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rewards
+# ---------------------------------------------------------------------------------------------------------------
+
+# Sub-answer fallbacks that mean the step has no usable answer (clean_subanswer / _solve in agents/acesearcher.py).
+_BAD_SUBANSWER = {"empty_subanswer", "no_yes_no", "unresolved_reference"}
+
+
+def format_checks(trace: Trace) -> dict[str, bool]:
+    """The structure checks behind the paper's format indicator f (Eq. 4.1), which the paper leaves unspecified.
+
+    - ``completed``: the run finished (no ``trace.error``) with a final-answer step;
+    - ``decomposition``: the decomposition parsed without any fallback (``### Q<k>: text`` lines numbered 1..n, at
+      most ``max_subquestions``);
+    - ``subanswers``: every sub-question got a non-empty answer (claims: Yes/No) and no ``#k`` stayed unresolved;
+    - ``answer_tags``: the final output holds a closed, non-empty ``<answer>...</answer>`` (claims: a Yes/No label).
+
+    A trajectory is format-valid when all hold. Multi-line sub-answers (fallback ``first_line``) pass: their first
+    line is taken without guessing.
+    """
+    decompose = _decompose_step(trace)
+    subanswers = [s for s in trace.steps if s.kind == "subanswer"]
+    final = next((s for s in reversed(trace.steps) if s.kind == "answer"), None)
+
+    def bad(step: Step) -> bool:
+        return not step.parsed or bool(set((step.fallback or "").split("+")) & _BAD_SUBANSWER)
+
+    return {
+        "completed": trace.error is None and final is not None,
+        "decomposition": decompose is not None and decompose.fallback is None and bool(decompose.parsed),
+        "subanswers": bool(subanswers) and not any(bad(s) for s in subanswers),
+        "answer_tags": final is not None and final.fallback is None and bool(final.parsed),
+    }
+
+
+def _code_score(example: Example, answer: str) -> float:
+    """The released ``create_train_data.py`` score: EM + Acc + F1 on SQuAD-normalised text (number words for the
+    prediction), Acc as two-way containment, F1 over token sets; a yes/no gold scores Acc three times. An empty
+    prediction scores 0 (the code gives it Acc = 1, a bug the digest says not to copy)."""
+    if example.kind == "claim":
+        return 3.0 * claim_accuracy(answer, example.answers)
+    acc = accuracy(answer, example.answers, "acesearcher", mode="either")
+    if any(normalize_answer(str(g), style="squad") in ("yes", "no") for g in example.answers):
+        return 3.0 * acc
+    em = exact_match(answer, example.answers, "acesearcher")
+    return em + acc + f1_score(answer, example.answers, "acesearcher", overlap="set")
+
+
+def trajectory_reward(trace: Trace, reward: str = "paper") -> tuple[float, dict[str, bool]]:
+    """The reward of one solver trajectory and its :func:`format_checks`.
+
+    ``"paper"`` (Eq. 4.1): EM(a', a) x 1[all format checks hold], EM as in evaluation (``score_example``; claims:
+    the Yes/No label). ``"code"``: :func:`_code_score` when the answer was inside ``<answer>`` tags and the run
+    finished, else 0 (the code reads the prediction from the tags only; it has no other format term).
+    """
+    checks = format_checks(trace)
+    answer = trace.answer or ""
+    if reward == "paper":
+        em = score_example(trace.example, answer).get("em") or 0.0
+        return (float(em) if all(checks.values()) else 0.0), checks
+    if reward == "code":
+        ok = checks["completed"] and checks["answer_tags"]
+        return (_code_score(trace.example, answer) if ok else 0.0), checks
+    raise ValueError(f"unknown reward {reward!r}; expected 'paper' or 'code'")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Preference pairs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trajectory:
+    """One scored solver run: decomposition ``decomposition`` of question ``question_id``, solver run ``solution``
+    under it (0 = the run that sampled the decomposition)."""
+
+    key: str
+    question_id: str
+    decomposition: int
+    solution: int
+    trace: Trace
+    reward: float
+    checks: dict[str, bool]
+
+    @property
+    def failed(self) -> bool:
+        return self.trace.error is not None
+
+    def subanswer_steps(self) -> dict[int, Step]:
+        steps = self.trace.steps
+        return {s.meta["subquestion"]: s for s in steps if s.kind == "subanswer" and "subquestion" in s.meta}
+
+    def final_step(self) -> Step | None:
+        return next((s for s in reversed(self.trace.steps) if s.kind == "answer"), None)
+
+
+def trajectories(rollouts: Iterable[Rollout], reward: str = "paper") -> dict[str, list[Trajectory]]:
+    """Scored trajectories by question id, each list ordered by (decomposition, solution)."""
+    out: dict[str, list[Trajectory]] = {}
+    for rollout in rollouts:
+        info = rollout.trace.example.metadata.get(MDPO_KEY) or {}
+        question = str(info.get("question_id") or rollout.group)
+        if info.get("decomposition") is None:
+            decomposition, solution = rollout.sample, 0
+        else:
+            decomposition, solution = int(info["decomposition"]), rollout.sample + 1
+        value, checks = trajectory_reward(rollout.trace, reward)
+        out.setdefault(question, []).append(
+            Trajectory(rollout.key, question, decomposition, solution, rollout.trace, value, checks)
+        )
+    return {q: sorted(ts, key=lambda t: (t.decomposition, t.solution)) for q, ts in sorted(out.items())}
+
+
+@dataclass
+class _Decomposition:
+    """A distinct decomposition of one question: sampled decompositions that parsed to the same sub-questions with
+    the same fallback are merged, their solver runs pooled."""
+
+    index: int
+    text: str
+    prompt: list[dict[str, str]] | None
+    subquestions: list[str]
+    clean: bool
+    members: list[int] = field(default_factory=list)
+    runs: list[Trajectory] = field(default_factory=list)
+
+    @property
+    def valid_runs(self) -> list[Trajectory]:
+        return [t for t in self.runs if not t.failed]
+
+    @property
+    def mean_reward(self) -> float:
+        runs = self.valid_runs
+        return sum(t.reward for t in runs) / len(runs) if runs else 0.0
+
+    def completion(self, style: str) -> str:
+        if style == "canonical":
+            return "\n".join(f"### Q{i}: {text}" for i, text in enumerate(self.subquestions, 1))
+        return self.text
+
+
+def _decompositions(runs: list[Trajectory], degenerate: Counter[str]) -> list[_Decomposition]:
+    by_index: dict[int, list[Trajectory]] = {}
+    for t in runs:
+        by_index.setdefault(t.decomposition, []).append(t)
+    merged: dict[tuple[Any, ...], _Decomposition] = {}
+    for index in sorted(by_index):
+        members = by_index[index]
+        sampled = next((t for t in members if t.solution == 0), None)
+        source = next((_decompose_step(t.trace) for t in members if _decompose_step(t.trace) is not None), None)
+        if source is None or source.output is None:
+            degenerate["no_decomposition"] += 1  # the run failed before its decomposition was parsed
+            continue
+        subquestions = [str(item.get("text", "")) for item in source.parsed or [] if isinstance(item, dict)]
+        clean = source.fallback is None and bool(subquestions)
+        if not clean:
+            degenerate["unparsed_decomposition"] += 1
+        sampled_step = _decompose_step(sampled.trace) if sampled is not None else None
+        prompt = sampled_step.messages if sampled_step is not None else None
+        identity = (tuple(subquestions), source.fallback)
+        if identity in merged:
+            degenerate["duplicate_decomposition"] += 1
+            group = merged[identity]
+            group.prompt = group.prompt or prompt
+        else:
+            group = merged[identity] = _Decomposition(index, source.output, prompt, subquestions, clean)
+        group.members.append(index)
+        group.runs.extend(members)
+    return sorted(merged.values(), key=lambda d: d.index)
+
+
+def _normalised_answer(step: Step | None) -> str:
+    return normalize_answer(str(step.parsed or "")) if step is not None else ""
+
+
+def _agreement(a: Trajectory, b: Trajectory) -> float:
+    """Fraction of sub-questions whose (normalised) answers agree in two runs of one decomposition."""
+    sa, sb = a.subanswer_steps(), b.subanswer_steps()
+    indices = set(sa) | set(sb)
+    if not indices:
+        return 0.0
+    return sum(_normalised_answer(sa.get(i)) == _normalised_answer(sb.get(i)) for i in indices) / len(indices)
+
+
+def _assistant(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+class _PairSink:
+    """Collects pairs of the enabled sets, dropping (and counting) pairs whose two completions are identical."""
+
+    def __init__(self, sets: Iterable[str], degenerate: Counter[str]) -> None:
+        self.sets = set(sets)
+        self.degenerate = degenerate
+        self.pairs: list[dict[str, Any]] = []
+
+    def add(
+        self,
+        kind: str,
+        question_id: str,
+        prompt: list[dict[str, str]],
+        chosen: str,
+        rejected: str,
+        rewards: tuple[float, float],
+        **meta: Any,
+    ) -> None:
+        if kind not in self.sets:
+            return
+        if chosen == rejected:
+            self.degenerate[f"{kind}_identical_completions"] += 1
+            return
+        self.pairs.append(
+            {
+                "prompt": [dict(m) for m in prompt],
+                "chosen": _assistant(chosen),
+                "rejected": _assistant(rejected),
+                "set": kind,
+                "question_id": question_id,
+                "chosen_reward": rewards[0],
+                "rejected_reward": rewards[1],
+                **meta,
+            }
+        )
+
+
+def _decompose_pair(
+    question: str, groups: list[_Decomposition], config: MDPOConfig, sink: _PairSink, degenerate: Counter[str]
+) -> None:
+    """D_decompose: argmax vs argmin of the mean reward over each decomposition's solver runs (first index wins a
+    tie inside the argmax / argmin, as with numpy)."""
+    usable = [g for g in groups if g.valid_runs and g.prompt is not None]
+    if len(usable) < 2:
+        degenerate["decompose_single_decomposition"] += 1
+        return
+    best = max(usable, key=lambda g: g.mean_reward)
+    worst = min(usable, key=lambda g: g.mean_reward)
+    gap = best.mean_reward - worst.mean_reward
+    if gap == 0:
+        degenerate["decompose_tie"] += 1
+    elif gap <= config.min_margin:
+        degenerate["decompose_below_margin"] += 1
+    elif not best.clean:  # only possible with reward="code", whose score has no decomposition term
+        degenerate["decompose_chosen_unparsed"] += 1
+    else:
+        style = config.decomposition_completion
+        sink.add(
+            "decompose",
+            question,
+            best.prompt or [],
+            best.completion(style),
+            worst.completion(style),
+            (best.mean_reward, worst.mean_reward),
+            chosen_key=f"{question}#{best.index}",
+            rejected_key=f"{question}#{worst.index}",
+        )
+
+
+def _solver_pairs(
+    question: str, group: _Decomposition, config: MDPOConfig, sink: _PairSink, degenerate: Counter[str]
+) -> None:
+    """D_subq and D_final of one decomposition from its best run T+ and worst run T-. Among the runs tied at the
+    minimum, T- is the one whose sub-answers agree most with T+ (digest §10 item 14: the rejected final answer is then
+    closest to on-policy for T+'s prompt, and a differing sub-answer is more likely the cause of the failure)."""
+    runs = group.valid_runs
+    if len(runs) < 2:
+        degenerate["solver_too_few_runs"] += 1
+        return
+    plus = max(runs, key=lambda t: t.reward)
+    lowest = min(t.reward for t in runs)
+    gap = plus.reward - lowest
+    if gap == 0:
+        degenerate["solver_tie"] += 1
+        return
+    if gap <= config.min_margin:
+        degenerate["solver_below_margin"] += 1
+        return
+    minus = max((t for t in runs if t.reward == lowest), key=lambda t: _agreement(plus, t))
+    rewards = (plus.reward, minus.reward)
+    keys = {"chosen_key": plus.key, "rejected_key": minus.key}
+
+    plus_steps, minus_steps = plus.subanswer_steps(), minus.subanswer_steps()
+    differing = 0
+    for index in sorted(set(plus_steps) & set(minus_steps)):
+        good, bad = plus_steps[index], minus_steps[index]
+        if _normalised_answer(good) == _normalised_answer(bad) or good.messages is None:
+            continue
+        differing += 1
+        chosen, rejected = good.output or "", bad.output or ""
+        sink.add("subq", question, good.messages, chosen, rejected, rewards, subquestion=index, **keys)
+    if not differing and "subq" in sink.sets:
+        degenerate["subq_no_difference"] += 1
+
+    good_final, bad_final = plus.final_step(), minus.final_step()
+    if good_final is None or bad_final is None or good_final.messages is None:
+        degenerate["final_missing"] += 1
+        return
+    sink.add("final", question, good_final.messages, good_final.output or "", bad_final.output or "", rewards, **keys)
+
+
+def build_pairs(rollouts: Iterable[Rollout], config: MDPOConfig | None = None) -> tuple[list[dict[str, Any]], dict]:
+    """Score ``rollouts`` and build the enabled preference sets; returns the pairs and their statistics.
+
+    Statistics: questions, trajectories, failed runs, mean reward / format-valid rate / EM over the finished runs,
+    pairs per set, mean reward margin (chosen - rejected) per set, and ``degenerate``: how many groups gave no pair,
+    by reason (``decompose_tie``: all decompositions had the same mean reward; ``solver_tie``: all runs of a
+    decomposition had the same reward; ``unparsed_decomposition``; ``no_decomposition``: runs that failed before
+    decomposing; ``failed_runs``; ...).
+    """
+    config = config or MDPOConfig()
+    degenerate: Counter[str] = Counter()
+    sink = _PairSink(config.pair_sets, degenerate)
+    by_question = trajectories(rollouts, config.reward)
+    finished: list[Trajectory] = []
+    for question, runs in by_question.items():
+        failed = sum(t.failed for t in runs)
+        degenerate["failed_runs"] += failed
+        finished += [t for t in runs if not t.failed]
+        groups = _decompositions(runs, degenerate)
+        if not groups:
+            degenerate["question_without_decomposition"] += 1
+            continue
+        _decompose_pair(question, groups, config, sink, degenerate)
+        targets = groups if config.pairs_from == "every" else [max(groups, key=lambda g: g.mean_reward)]
+        for group in targets:
+            _solver_pairs(question, group, config, sink, degenerate)
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    pairs = sink.pairs
+    counts = {kind: sum(p["set"] == kind for p in pairs) for kind in PAIR_SETS}
+    gaps = [(p["set"], p["chosen_reward"] - p["rejected_reward"]) for p in pairs]
+    margins = {kind: mean([gap for k, gap in gaps if k == kind]) for kind in PAIR_SETS}
+    margins["all"] = mean([gap for _, gap in gaps])
+    stats = {
+        "questions": len(by_question),
+        "trajectories": sum(len(r) for r in by_question.values()),
+        "failed_runs": degenerate["failed_runs"],
+        "mean_reward": mean([t.reward for t in finished]),
+        "format_valid": mean([float(all(t.checks.values())) for t in finished]),
+        "em": mean([float(score_example(t.trace.example, t.trace.answer or "").get("em") or 0.0) for t in finished]),
+        "pairs": {**counts, "total": len(pairs)},
+        "reward_margin": margins,
+        "degenerate": dict(sorted((k, v) for k, v in degenerate.items() if v)),
+    }
+    return pairs, stats
+
+
+def write_pairs(path: str | Path, pairs: Iterable[dict[str, Any]]) -> Path:
+    """Write pairs as jsonl (one complete file: written aside, then renamed)."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as f:
+        for pair in pairs:
+            f.write(json.dumps(pair, ensure_ascii=False) + "\n")
+    os.replace(partial, path)
+    return path
+
+
+def load_pairs(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DPO
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def build_dpo_trainer(
+    config: MDPOConfig,
+    policy: str | Path,
+    pairs: list[dict[str, Any]],
+    output_dir: str | Path,
+    reference: str | Path | None = None,
+) -> Any:
+    """A TRL ``DPOTrainer`` that trains ``policy`` on ``pairs`` against the frozen ``reference`` (default: a second,
+    frozen copy of ``policy``, i.e. θ(t) in the mDPO loss, Eq. 4.5).
+
+    Loss per pair: ``-log σ(β [(log π(y+|x) - log π_ref(y+|x)) - (log π(y-|x) - log π_ref(y-|x))])`` with log-probs
+    summed over the completion tokens only (TRL ``loss_type="sigmoid"``). With ``nll_weight`` γ > 0, TRL's
+    ``"sft"`` term is added with weight γ: the mean negative log-likelihood over the chosen completion tokens of the
+    micro-batch. LLaMA-Factory's ``pref_ftx`` (the released configs) adds γ x the per-sequence mean token NLL of the
+    chosen completion, averaged over pairs; the two are the same quantity when each micro-batch holds one pair
+    (``per_device_batch_size=1``, the default; gradient accumulation then averages over pairs as LLaMA-Factory's
+    batch mean does). With larger micro-batches TRL weights pairs by their chosen length. TRL 1.16 has no
+    ``rpo_alpha`` any more; ``"sft"`` is its replacement.
+
+    With LoRA or ``precompute_ref_log_probs`` no second model is loaded: TRL takes the reference from the policy
+    before training (adapter disabled / log-probs computed up front), which is θ(t) since training starts there.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    cuda = torch.cuda.is_available()
+    bf16 = config.bf16 if config.bf16 is not None else bool(cuda and torch.cuda.is_bf16_supported())
+    tokenizer = AutoTokenizer.from_pretrained(str(policy))
+    model = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32)
+    ref_model = None
+    peft_config = None
+    if config.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=config.lora_target,
+            task_type="CAUSAL_LM",
+        )
+    if (not config.lora and not config.precompute_ref_log_probs) or (
+        reference is not None and Path(reference) != Path(policy)
+    ):
+        ref_model = AutoModelForCausalLM.from_pretrained(str(reference or policy), dtype=torch.float32)
+        ref_model.requires_grad_(False)
+        ref_model.eval()
+    rows = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]} for p in pairs]
+    per_device = max(1, config.per_device_batch_size)
+    accumulation = max(1, min(config.batch_size, max(len(rows), 1)) // per_device)
+    losses, weights = ["sigmoid"], [1.0]
+    if config.nll_weight > 0:
+        losses.append("sft")
+        weights.append(config.nll_weight)
+    args = DPOConfig(
+        output_dir=str(output_dir),
+        beta=config.beta,
+        loss_type=losses,
+        loss_weights=weights,
+        learning_rate=config.learning_rate,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps,
+        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a ratio of the total steps
+        lr_scheduler_type=config.lr_scheduler,
+        adam_beta1=0.9,
+        adam_beta2=config.adam_beta2,
+        weight_decay=0.0,
+        max_length=config.max_length,
+        precompute_ref_log_probs=config.precompute_ref_log_probs,
+        activation_checkpointing=config.gradient_checkpointing,
+        bf16=bf16,
+        use_cpu=not cuda,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=2,
+        report_to=[],
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=not config.progress,
+    )
+    if not config.progress:
+        import datasets
+        from transformers.utils import logging as hf_logging
+
+        datasets.disable_progress_bars()
+        hf_logging.disable_progress_bar()
+    trainer = DPOTrainer(
+        model=model,
+        ref_model=ref_model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    if not config.progress:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # it prints every log line when tqdm is off
+    return trainer
+
+
+def _mean_logged(history: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(h[key]) for h in history if key in h]
+    return sum(values) / len(values) if values else None
+
+
+def train_dpo(config: MDPOConfig, policy: str | Path, pairs: list[dict[str, Any]], iteration_dir: str | Path) -> dict:
+    """One DPO iteration: train from ``policy`` (also the reference) on ``pairs``; the model is saved to
+    ``iteration_dir/model`` (written aside, then renamed, so the directory exists only when complete) and the
+    training metrics to ``iteration_dir/train_metrics.json``. Resumes from the last checkpoint in
+    ``iteration_dir/trainer``. Without pairs the policy is saved unchanged (``trained: false``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    iteration_dir = Path(iteration_dir)
+    final = iteration_dir / "model"
+    partial = iteration_dir / "model.partial"
+    trainer_dir = iteration_dir / "trainer"
+    if partial.exists():
+        shutil.rmtree(partial)
+    started = time.perf_counter()
+    if not pairs:
+        AutoModelForCausalLM.from_pretrained(str(policy)).save_pretrained(partial)
+        AutoTokenizer.from_pretrained(str(policy)).save_pretrained(partial)
+        metrics: dict[str, Any] = {"trained": False, "reason": "no preference pairs", "pairs": 0}
+    else:
+        trainer = build_dpo_trainer(config, policy, pairs, trainer_dir)
+        checkpoint = get_last_checkpoint(str(trainer_dir)) if trainer_dir.is_dir() else None
+        trainer.train(resume_from_checkpoint=checkpoint)
+        model = trainer.model
+        if config.lora:  # the next iteration's reference is the merged θ(t+1) (digest §10 item 16)
+            model = model.merge_and_unload()
+        model.save_pretrained(partial)
+        trainer.processing_class.save_pretrained(partial)
+        history = [h for h in trainer.state.log_history if "rewards/accuracies" in h]
+        metrics = {
+            "trained": True,
+            "pairs": len(pairs),
+            "steps": trainer.state.global_step,
+            "resumed_from": checkpoint,
+            "loss": _mean_logged(history, "loss"),
+            "accuracy": _mean_logged(history, "rewards/accuracies"),
+            "margin": _mean_logged(history, "rewards/margins"),
+            "final_accuracy": history[-1]["rewards/accuracies"] if history else None,
+            "final_margin": history[-1]["rewards/margins"] if history else None,
+            "log_history": trainer.state.log_history,
+        }
+        del trainer, model
+        gc.collect()
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    if trainer_dir.exists() and not config.keep_checkpoints:
+        shutil.rmtree(trainer_dir)
+    metrics.update(policy=str(policy), reference=str(policy), model=str(final), seconds=time.perf_counter() - started)
+    (iteration_dir / "train_metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluation and the iteration loop
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def evaluate_dev(
+    examples: list[Example],
+    llm: LLM,
+    retriever: Retriever | None,
+    agent: AceSearcherConfig,
+    out: str | Path | None = None,
+    concurrency: int = 64,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run the agent (``agent`` decoding, greedy by default) on ``examples``; mean EM / F1, failed runs. ``out``:
+    also write the traces there (jsonl)."""
+    from sleuth.runner import run
+
+    if not examples:
+        return {"n": 0, "em": None, "f1": None, "errors": 0}
+    ctx = Context(llm=llm, retriever=retriever, config=agent)
+    traces = run(METHOD, examples, ctx, concurrency=concurrency, progress=progress, description="dev")
+    if out is not None:
+        with open(out, "w", encoding="utf-8") as f:
+            f.writelines(t.to_json() + "\n" for t in traces)
+    scores = [score_example(t.example, t.answer or "") for t in traces]
+    em = [float(s.get("em") or 0.0) for s in scores]
+    f1 = [float(s.get("f1") or s.get("em") or 0.0) for s in scores]
+    return {
+        "n": len(traces),
+        "em": sum(em) / len(em),
+        "f1": sum(f1) / len(f1),
+        "errors": sum(t.error is not None for t in traces),
+        "per_example_em": em,
+    }
+
+
+def _log(config: MDPOConfig, message: str) -> None:
+    if config.progress:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold cyan]mdpo[/] {message}", soft_wrap=True, highlight=False)
+
+
+def _resolve_model(spec: str) -> Path:
+    if spec in ("", "default"):
+        from sleuth.assets import ensure_default_model
+
+        return ensure_default_model()
+    return Path(spec.removeprefix("hf:"))
+
+
+def _read_examples(path: str, limit: int | None) -> list[Example]:
+    from sleuth.data.synth import load_synth
+
+    if not path:
+        return []
+    examples = list(load_synth(path))
+    return examples[:limit] if limit is not None else examples
+
+
+def prepare_data(config: MDPOConfig, need_index: bool = True) -> tuple[list[Example], list[Example], str]:
+    """Training and dev examples and the retriever spec (generating the synthetic world and building the BM25
+    index when needed; ``need_index=False``: no index, the spec is "")."""
+    data = Path(config.data_dir) if config.data_dir else None
+    if data is not None and config.synth and not (data / "world.json").exists():
+        from sleuth.data.synth import synthesize
+
+        _log(config, f"generating a synthetic world in {data}")
+        synthesize(data, **config.synth)
+    train_file = config.train_file or (str(data / "train.jsonl") if data else "")
+    dev_file = config.dev_file or (str(data / "dev.jsonl") if data else "")
+    corpus = config.corpus or (str(data / "corpus.jsonl") if data else "")
+    if not train_file:
+        raise ValueError("mdpo needs training questions: set train_file or data_dir")
+    index = config.index
+    if not index and need_index:
+        if not corpus:
+            raise ValueError("mdpo needs a retriever: set index, or corpus / data_dir to build a BM25 index")
+        index_dir = Path(config.output_dir) / "index"
+        if not index_dir.exists():
+            from sleuth.retrieval.bm25 import build_bm25_index
+
+            _log(config, f"building a BM25 index of {corpus} in {index_dir}")
+            build_bm25_index(corpus, index_dir)
+        index = str(index_dir)
+    return _read_examples(train_file, config.train_limit), _read_examples(dev_file, config.dev_limit), index
+
+
+def _default_llm_factory(config: MDPOConfig) -> Callable[[Path], LLM]:
+    from sleuth.llm import load_llm
+
+    def factory(path: Path) -> LLM:
+        return load_llm(f"hf:{path}" + (f"?{config.llm_options}" if config.llm_options else ""))
+
+    return factory
+
+
+def _free_memory() -> None:
+    """Collect the sampling model the caller just dropped, before training loads two more copies."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        pass
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _write_json(path: Path, data: Any) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(partial, path)
+
+
+def train_mdpo(
+    config: MDPOConfig,
+    llm_factory: Callable[[Path], LLM] | None = None,
+    retriever: Retriever | None = None,
+) -> dict[str, Any]:
+    """Run ``config.iterations`` mDPO iterations (the module docstring has the steps and the output layout); return
+    the summary also written to ``OUT/summary.json``.
+
+    ``llm_factory(model_dir)`` makes the LLM that samples and evaluates with a model directory (default: the ``hf:``
+    backend with ``llm_options``); ``retriever`` replaces the one the config names. A rerun resumes: rollouts by key,
+    DPO from its last checkpoint, and iterations whose model exists are skipped.
+    """
+    from sleuth.retrieval import load_retriever
+
+    config.validate()
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "config.json", to_mapping(config))
+    train, dev, index = prepare_data(config, need_index=retriever is None)
+    if retriever is None:
+        retriever = load_retriever(index)
+    factory = llm_factory or _default_llm_factory(config)
+    policy = _resolve_model(config.model)
+    rollout_agent = config.rollout_agent()
+    iterations: list[dict[str, Any]] = []
+    for t in range(1, config.iterations + 1):
+        it = out / f"iter{t}"
+        it.mkdir(exist_ok=True)
+        model_dir, stats_path = it / "model", it / "stats.json"
+        if model_dir.exists() and stats_path.exists():
+            _log(config, f"iteration {t}: done already ({model_dir})")
+            iterations.append(json.loads(stats_path.read_text()))
+            policy = model_dir
+            continue
+        seconds: dict[str, float] = {}
+        producer = {
+            "method": METHOD,
+            "config": to_mapping(rollout_agent),
+            "model": str(policy),
+            "model_revision": model_revision(policy),
+            "iteration": t,
+            "decompositions": config.decompositions,
+            "solutions": config.solutions,
+            "seed": config.seed,
+        }
+        store = RolloutStore(it / "rollouts", producer=producer)
+        stats: dict[str, Any] = {"iteration": t, "policy": str(policy), "reference": str(policy)}
+        if not model_dir.exists():
+            started = time.perf_counter()
+            llm = factory(policy)
+            _seed(config.seed * 1000 + t)
+            _log(config, f"iteration {t}: sampling {len(train)} questions with {policy}")
+            new = sample_rollouts(
+                train,
+                Context(llm=llm, retriever=retriever, config=rollout_agent),
+                store,
+                config.decompositions,
+                config.solutions,
+                config.concurrency,
+                config.progress,
+            )
+            stats["new_rollouts"] = new
+            seconds["sampling"] = time.perf_counter() - started
+            if t == 1 and config.eval_initial and dev and not (it / "dev_initial.json").exists():
+                started = time.perf_counter()
+                traces_file = it / "dev_initial_traces.jsonl"
+                initial = evaluate_dev(dev, llm, retriever, config.agent, traces_file, config.concurrency)
+                _write_json(it / "dev_initial.json", initial)
+                seconds["eval_initial"] = time.perf_counter() - started
+            del llm
+            _free_memory()
+        started = time.perf_counter()
+        pairs, pair_stats = build_pairs(store, config)
+        write_pairs(it / "pairs.jsonl", pairs)
+        seconds["pairs"] = time.perf_counter() - started
+        counts = ", ".join(f"{k} {v}" for k, v in pair_stats["pairs"].items())
+        _log(config, f"iteration {t}: pairs {counts}; mean reward {pair_stats['mean_reward']}")
+        if model_dir.exists():
+            train_stats = json.loads((it / "train_metrics.json").read_text())
+        else:
+            _log(config, f"iteration {t}: DPO on {len(pairs)} pairs (reference = {policy})")
+            train_stats = train_dpo(config, policy, pairs, it)
+            seconds["training"] = train_stats["seconds"]
+        started = time.perf_counter()
+        dev_stats: dict[str, Any] = {"n": 0, "em": None}
+        if dev:
+            llm = factory(model_dir)
+            dev_stats = evaluate_dev(dev, llm, retriever, config.agent, it / "dev_traces.jsonl", config.concurrency)
+            del llm
+            _free_memory()
+        seconds["eval"] = time.perf_counter() - started
+        stats.update(
+            model=str(model_dir),
+            rollouts=len(store),
+            **pair_stats,
+            dpo={k: v for k, v in train_stats.items() if k != "log_history"},
+            dev={k: v for k, v in dev_stats.items() if k != "per_example_em"},
+            seconds=seconds,
+        )
+        if (it / "dev_initial.json").exists():
+            initial = json.loads((it / "dev_initial.json").read_text())
+            stats["dev_initial"] = {k: v for k, v in initial.items() if k != "per_example_em"}
+        _write_json(stats_path, stats)
+        _log(config, f"iteration {t}: dev EM {dev_stats.get('em')}, DPO accuracy {train_stats.get('accuracy')}")
+        iterations.append(stats)
+        policy = model_dir
+    summary = {
+        "final_model": str(policy),
+        "iterations": [
+            {
+                "iteration": s["iteration"],
+                "pairs": s.get("pairs"),
+                "mean_reward": s.get("mean_reward"),
+                "reward_margin": (s.get("reward_margin") or {}).get("all"),
+                "dpo_accuracy": (s.get("dpo") or {}).get("accuracy"),
+                "dev_em": (s.get("dev") or {}).get("em"),
+            }
+            for s in iterations
+        ],
+    }
+    if iterations and "dev_initial" in iterations[0]:
+        summary["dev_em_initial"] = iterations[0]["dev_initial"].get("em")
+    _write_json(out / "summary.json", summary)
+    return summary
+
+
+def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[str] | None = None) -> dict[str, Any]:
+    """``sleuth train acesearcher --config cfg.yaml [--set key=value]``: load the config, run :func:`train_mdpo`.
+
+    ``overrides``: a mapping or ``"key=value"`` strings; dotted keys reach nested options (``agent.k=5``).
+    """
+    if overrides is not None and not isinstance(overrides, dict):
+        pairs: dict[str, Any] = {}
+        for item in overrides:
+            key, sep, value = str(item).partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"override {item!r} is not KEY=VALUE")
+            pairs[key.strip()] = value
+        overrides = pairs
+    return train_mdpo(load_config(MDPOConfig, config_path, overrides))

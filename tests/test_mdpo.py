@@ -1,0 +1,537 @@
+"""AceSearcher mDPO: sampling, rewards, the three preference sets, the DPO loss, iterations, resuming."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sleuth.agents import Context
+from sleuth.agents.acesearcher import GIVEN_DECOMPOSITION, AceSearcherConfig
+from sleuth.llm import LLM
+from sleuth.records import Example
+from sleuth.runner import run
+from sleuth.train import mdpo
+from sleuth.train.mdpo import (
+    MDPO_KEY,
+    MDPOConfig,
+    build_dpo_trainer,
+    build_pairs,
+    load_pairs,
+    sample_rollouts,
+    train_dpo,
+    train_mdpo,
+    trajectory_reward,
+    write_pairs,
+)
+from sleuth.train.rollouts import Rollout, RolloutStore
+from tests.scripted import ListRetriever, ScriptedLLM, passages
+
+QUESTION = "In which country is the birthplace of Ann?"
+D_GOOD = "### Q1: Where was Ann born?\n### Q2: In which country is #1?"
+D_ALT = "### Q1: What is the birthplace of Ann?\n### Q2: Which country is #1 in?"
+D_BAD = "### Q1: Who is Ann?"
+D_UNPARSED = "I would rather not decompose this."
+RIGHT = "Ann was born in Paris, which is in France. <answer>France</answer>"
+WRONG = "Ann was born in Madrid. <answer>Spain</answer>"
+UNTAGGED = "France"
+
+
+def _fail(_: str) -> str:
+    raise RuntimeError("backend down")
+
+
+def rollout(
+    qid: str,
+    d: int,
+    s: int,
+    decomposition: str,
+    subanswers: list[str],
+    final: str | None,
+    answers: tuple[str, ...] = ("France",),
+    fail_first_call: bool = False,
+) -> Rollout:
+    """One trajectory exactly as sample_rollouts stores it, produced by the real agent on scripted replies.
+
+    ``s == 0``: the run that sampled decomposition ``d`` (key ``q#d``); ``s > 0``: a fixed-decomposition run
+    (key ``q#d#(s-1)``). ``final=None`` leaves the final call without a reply (the run fails after decomposing).
+    """
+    example = Example(id=qid, question=QUESTION, answers=list(answers))
+    example.metadata[MDPO_KEY] = {"question_id": qid, "decomposition": None if s == 0 else d}
+    replies = ([] if s else [decomposition]) + subanswers + ([final] if final is not None else [])
+    if s:
+        example.id = f"{qid}#{d}"
+        example.metadata[GIVEN_DECOMPOSITION] = decomposition
+    llm = ScriptedLLM(_fail if fail_first_call else replies)
+    ctx = Context(llm=llm, retriever=ListRetriever(passages("Ann was born in Paris.")), config=AceSearcherConfig(k=1))
+    ctx.config.parallel = False
+    trace = run("acesearcher", [example], ctx, progress=False)[0]
+    if s == 0:
+        return Rollout(f"{qid}#{d}", qid, d, trace)
+    return Rollout(f"{qid}#{d}#{s - 1}", f"{qid}#{d}", s - 1, trace)
+
+
+def runs(qid: str, d: int, decomposition: str, outcomes: list[tuple[list[str], str | None]]) -> list[Rollout]:
+    return [rollout(qid, d, s, decomposition, subs, final) for s, (subs, final) in enumerate(outcomes)]
+
+
+GOOD = (["Paris", "France"], RIGHT)
+BAD = (["Lyon", "Spain"], WRONG)
+HALF = (["Paris", "Spain"], WRONG)  # agrees with GOOD on Q1 only
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+
+
+def test_reward_is_em_times_format_and_code_reward_is_em_acc_f1() -> None:
+    clean = rollout("q", 0, 0, D_GOOD, ["Paris", "France"], RIGHT).trace
+    assert trajectory_reward(clean)[0] == 1.0
+    untagged = rollout("q", 0, 0, D_GOOD, ["Paris", "France"], UNTAGGED).trace
+    reward, checks = trajectory_reward(untagged)
+    assert untagged.answer == "France" and reward == 0.0 and not checks["answer_tags"]
+    unparsed = rollout("q", 0, 0, D_UNPARSED, ["France"], RIGHT).trace  # the question itself is the sub-question
+    reward, checks = trajectory_reward(unparsed)
+    assert reward == 0.0 and not checks["decomposition"] and checks["answer_tags"]
+    empty_sub = rollout("q", 0, 0, D_GOOD, ["", "France"], RIGHT).trace
+    assert trajectory_reward(empty_sub)[1]["subanswers"] is False
+    partial = rollout("q", 0, 0, D_GOOD, ["Paris", "France"], "<answer>Paris, France</answer>").trace
+    assert trajectory_reward(partial)[0] == 0.0
+    # code: EM 0 + Acc 1 ("france" inside "paris france") + set-F1 2/3
+    assert trajectory_reward(partial, "code")[0] == pytest.approx(1 + 2 / 3)
+    assert trajectory_reward(untagged, "code")[0] == 0.0
+    assert trajectory_reward(clean, "code")[0] == 3.0
+
+
+# ------------------------------------------------------------------------------------------------ pairs
+
+
+def test_pairs_best_vs_worst_decomposition_subanswers_and_final() -> None:
+    rollouts = (
+        runs("q1", 0, D_GOOD, [GOOD, BAD, GOOD, HALF])  # mean 0.5, spread: D_subq / D_final pairs
+        + runs("q1", 1, D_ALT, [GOOD, GOOD, GOOD, GOOD])  # mean 1.0: best decomposition, tied runs
+        + runs("q1", 2, D_BAD, [(["Ann is a person"], WRONG)] * 4)  # mean 0.0: worst, tied runs
+    )
+    pairs, stats = build_pairs(rollouts, MDPOConfig())
+    assert stats["pairs"] == {"decompose": 1, "subq": 1, "final": 1, "total": 3}
+    assert stats["degenerate"] == {"solver_tie": 2}
+    by_set = {p["set"]: p for p in pairs}
+
+    dec = by_set["decompose"]
+    assert dec["chosen"] == [{"role": "assistant", "content": D_ALT}]
+    assert dec["rejected"] == [{"role": "assistant", "content": D_BAD}]
+    assert (dec["chosen_reward"], dec["rejected_reward"]) == (1.0, 0.0)
+    assert dec["prompt"][0]["role"] == "user" and "Please break down the question" in dec["prompt"][0]["content"]
+    assert QUESTION in dec["prompt"][0]["content"] and dec["question_id"] == "q1"
+
+    # T+ = run 0 (first of the best); T- among the tied worst runs 1 and 3 = run 3, which agrees with T+ on Q1,
+    # so Q1's answers are equal and only Q2 gives a sub-answer pair.
+    sub = by_set["subq"]
+    assert sub["subquestion"] == 2 and (sub["chosen_key"], sub["rejected_key"]) == ("q1#0", "q1#0#2")
+    assert "In which country is Paris?" in sub["prompt"][0]["content"]
+    assert (sub["chosen"][0]["content"], sub["rejected"][0]["content"]) == ("France", "Spain")
+
+    final = by_set["final"]
+    assert (final["chosen"][0]["content"], final["rejected"][0]["content"]) == (RIGHT, WRONG)
+    assert "Answer: Paris" in final["prompt"][0]["content"] and "Wrap your answer" in final["prompt"][0]["content"]
+    assert stats["reward_margin"]["all"] == 1.0 and stats["mean_reward"] == pytest.approx(0.5)
+
+    best_only, _ = build_pairs(rollouts, MDPOConfig(pairs_from="best", pair_sets=("decompose", "final")))
+    assert [p["set"] for p in best_only] == ["decompose"]  # the best decomposition's runs are all tied
+    canonical, _ = build_pairs(rollouts, MDPOConfig(decomposition_completion="canonical", pair_sets=("decompose",)))
+    assert canonical[0]["rejected"][0]["content"] == "### Q1: Who is Ann?"
+
+
+def test_ties_are_dropped_and_counted() -> None:
+    rollouts = runs("q2", 0, D_GOOD, [BAD, BAD]) + runs("q2", 1, D_ALT, [HALF, BAD])
+    pairs, stats = build_pairs(rollouts)
+    assert pairs == [] and stats["degenerate"] == {"decompose_tie": 1, "solver_tie": 2}
+    margin, _ = build_pairs(runs("q3", 0, D_GOOD, [GOOD, BAD]) + runs("q3", 1, D_ALT, [BAD, BAD]), MDPOConfig())
+    assert [p["set"] for p in margin] == ["decompose", "subq", "subq", "final"]
+    gated, stats = build_pairs(
+        runs("q3", 0, D_GOOD, [GOOD, BAD]) + runs("q3", 1, D_ALT, [BAD, BAD]), MDPOConfig(min_margin=0.5)
+    )
+    assert [p["set"] for p in gated] == ["subq", "subq", "final"]  # decomposition gap 0.5 is not > 0.5
+    assert stats["degenerate"]["decompose_below_margin"] == 1
+
+
+def test_degenerate_groups_are_counted_not_fatal() -> None:
+    rollouts = [
+        rollout("q4", 0, 0, D_GOOD, [], None, fail_first_call=True),  # failed before decomposing
+        rollout("q4", 1, 0, D_UNPARSED, ["France"], RIGHT),  # unparsed: reward 0 however right
+        rollout("q4", 1, 1, D_UNPARSED, ["Spain"], WRONG),
+        rollout("q4", 2, 0, D_GOOD, ["Paris", "France"], None),  # failed after decomposing
+        rollout("q4", 2, 1, D_GOOD, ["Paris", "France"], RIGHT),
+        # identical final outputs with different rewards (an empty sub-answer breaks the format)
+        rollout("q4", 2, 2, D_GOOD, ["", "France"], RIGHT),
+        # q5: both sampled decompositions are the same text: merged into one, no decomposition pair
+        *runs("q5", 0, D_GOOD, [GOOD]),
+        *runs("q5", 1, D_GOOD, [BAD]),
+    ]
+    pairs, stats = build_pairs(rollouts)
+    degenerate = stats["degenerate"]
+    assert degenerate["failed_runs"] == 2 and stats["failed_runs"] == 2
+    assert degenerate["no_decomposition"] == 1 and degenerate["unparsed_decomposition"] == 1
+    assert degenerate["final_identical_completions"] == 1
+    assert degenerate["duplicate_decomposition"] == 1 and degenerate["decompose_single_decomposition"] == 1
+    assert degenerate["solver_tie"] == 1  # q4's unparsed decomposition: both runs score 0
+    sets = sorted(p["set"] for p in pairs)
+    # q4: decomposition 2 (mean 1/2) vs 1 (0), its sub-answer pair ("Paris" vs ""); q5: the merged group's pairs
+    assert sets == ["decompose", "final", "subq", "subq", "subq"]
+    subq = [p for p in pairs if p["set"] == "subq" and p["question_id"] == "q4"][0]
+    assert (subq["chosen"][0]["content"], subq["rejected"][0]["content"]) == ("Paris", "")
+    assert stats["questions"] == 2 and stats["trajectories"] == 8
+
+
+def test_pairs_jsonl_is_trl_conversational(tmp_path: Path) -> None:
+    from trl.data_utils import is_conversational
+
+    pairs, _ = build_pairs(runs("q1", 0, D_GOOD, [GOOD, BAD]) + runs("q1", 1, D_ALT, [BAD, BAD]))
+    path = write_pairs(tmp_path / "pairs.jsonl", pairs)
+    loaded = load_pairs(path)
+    assert loaded == pairs and all(is_conversational(p) for p in loaded)
+    for pair in loaded:
+        assert {"prompt", "chosen", "rejected", "set", "question_id", "chosen_reward", "rejected_reward"} <= set(pair)
+        assert [m["role"] for m in pair["chosen"] + pair["rejected"]] == ["assistant", "assistant"]
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+def scripted_policy(seed: int = 0) -> Callable[[str], str]:
+    """A stochastic stand-in for the policy: decompositions, sub-answers and final answers vary per call."""
+    rng = random.Random(seed)
+
+    def respond(prompt: str) -> str:
+        if "Please break down the question" in prompt:
+            return rng.choice([D_GOOD, D_ALT, D_BAD, D_UNPARSED])
+        if "using the context as reference" in prompt:
+            return rng.choice(["Paris", "Lyon", "France", "Spain"])
+        return rng.choice([RIGHT, WRONG, UNTAGGED])
+
+    return respond
+
+
+def test_sampling_fixes_the_decomposition_and_resumes(tmp_path: Path) -> None:
+    examples = [Example(id=f"q{i}", question=QUESTION, answers=["France"]) for i in range(2)]
+    config = MDPOConfig(decompositions=3, solutions=4)
+    llm = ScriptedLLM(scripted_policy())
+    ctx = Context(llm=llm, retriever=ListRetriever(passages("Ann was born in Paris.")), config=config.rollout_agent())
+    store = RolloutStore(tmp_path / "store", producer={"method": "acesearcher"})
+    assert sample_rollouts(examples, ctx, store, 3, 4) == 2 * 3 * 4
+    decompose_calls = [p for p in llm.prompts if "Please break down" in p]
+    assert len(decompose_calls) == 2 * 3  # m per question; the fixed-decomposition runs make none
+    assert {s.temperature for s in llm.samplings} == {1.0}
+    rollouts = {r.key: r for r in store}
+    assert "q0#2#2" in rollouts and len(rollouts) == 24
+    for key, r in rollouts.items():
+        step = r.trace.steps[0]
+        assert step.kind == "decompose"
+        if key.count("#") == 2:  # fixed: same text as the run that sampled it, no prompt
+            source = rollouts[key.rsplit("#", 1)[0]].trace.steps[0]
+            assert step.meta.get("given") and step.messages is None and step.output == source.output
+            assert step.parsed == source.parsed
+        else:
+            assert step.messages is not None and not step.meta.get("given")
+    calls = len(llm.prompts)
+    assert sample_rollouts(examples, ctx, store, 3, 4) == 0 and len(llm.prompts) == calls
+    _, stats = build_pairs(store)
+    assert stats["trajectories"] == 24 and stats["questions"] == 2
+
+
+# ------------------------------------------------------------------------------------------------ DPO
+
+
+def _pairs(n: int = 2) -> list[dict[str, Any]]:
+    base = [
+        ("Who wrote Hamlet?", "William Shakespeare wrote Hamlet.", "Paris is a city."),
+        ("What is the capital of France?", "<answer>Paris</answer>", "The answer is forty two."),
+        ("Search the corpus.", "Read the passages.", "No."),
+    ]
+    return [
+        {
+            "prompt": [{"role": "user", "content": q}],
+            "chosen": [{"role": "assistant", "content": c}],
+            "rejected": [{"role": "assistant", "content": r}],
+            "set": "final",
+            "question_id": f"q{i}",
+            "chosen_reward": 1.0,
+            "rejected_reward": 0.0,
+        }
+        for i, (q, c, r) in enumerate(base[:n])
+    ]
+
+
+def _completion_logp(model: Any, tokenizer: Any, prompt: list[dict], completion: list[dict]) -> tuple[float, int]:
+    """Summed log-probability of the completion tokens, computed independently of TRL."""
+    import torch
+
+    prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    full_text = tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+    prompt_ids = tokenizer(prompt_text, add_special_tokens=False).input_ids
+    ids = tokenizer(full_text, add_special_tokens=False).input_ids
+    assert ids[: len(prompt_ids)] == prompt_ids
+    tensor = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(tensor).logits[0, :-1].float()
+    logps = logits.log_softmax(-1).gather(1, tensor[0, 1:, None])[:, 0]
+    completion_logps = logps[len(prompt_ids) - 1 :]
+    return completion_logps.sum().item(), len(completion_logps)
+
+
+@pytest.fixture(scope="module")
+def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-ref"), seed=1)
+
+
+def test_dpo_loss_is_the_formula_on_summed_completion_logprobs(
+    tmp_path: Path, tiny_model_dir: Path, reference_dir: Path
+) -> None:
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    pairs = _pairs(2)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+    beta = 0.1
+    expected, nll = [], []
+    for pair in pairs:
+        pc, nc = _completion_logp(policy, tokenizer, pair["prompt"], pair["chosen"])
+        pr, _ = _completion_logp(policy, tokenizer, pair["prompt"], pair["rejected"])
+        rc, _ = _completion_logp(reference, tokenizer, pair["prompt"], pair["chosen"])
+        rr, _ = _completion_logp(reference, tokenizer, pair["prompt"], pair["rejected"])
+        z = beta * ((pc - rc) - (pr - rr))
+        expected.append(-math.log(1 / (1 + math.exp(-z))))
+        nll.append(-pc / nc)
+
+    config = MDPOConfig(beta=beta, per_device_batch_size=2, progress=False)
+    trainer = build_dpo_trainer(config, tiny_model_dir, pairs, tmp_path / "t", reference=reference_dir)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    loss = trainer.compute_loss(trainer.model, batch).item()
+    assert loss == pytest.approx(sum(expected) / 2, rel=1e-4)
+
+    # the chosen-NLL term with one pair per micro-batch: LLaMA-Factory's pref_ftx (per-sequence mean token NLL)
+    config = MDPOConfig(beta=beta, per_device_batch_size=1, nll_weight=0.5, progress=False)
+    trainer = build_dpo_trainer(config, tiny_model_dir, pairs[:1], tmp_path / "t2", reference=reference_dir)
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    loss = trainer.compute_loss(trainer.model, batch).item()
+    assert loss == pytest.approx(expected[0] + 0.5 * nll[0], rel=1e-4)
+
+
+def test_parameters_change_after_a_dpo_step(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = MDPOConfig(learning_rate=1e-3, max_steps=1, batch_size=2, per_device_batch_size=2, warmup_ratio=0.0)
+    config.progress = False
+    metrics = train_dpo(config, tiny_model_dir, _pairs(2), tmp_path / "iter1")
+    assert metrics["trained"] and metrics["steps"] == 1 and metrics["reference"] == str(tiny_model_dir)
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "iter1" / "model").state_dict()
+    changed = [name for name in before if not torch.equal(before[name], after[name])]
+    assert changed and len(changed) >= len(before) // 2
+    assert not (tmp_path / "iter1" / "trainer").exists() and not (tmp_path / "iter1" / "model.partial").exists()
+    saved = json.loads((tmp_path / "iter1" / "train_metrics.json").read_text())
+    assert saved["steps"] == 1 and saved["accuracy"] is not None
+
+
+# ------------------------------------------------------------------------------------------------ iterations
+
+
+def _write_examples(path: Path, n: int, prefix: str) -> str:
+    rows = [Example(id=f"{prefix}{i}", question=QUESTION, answers=["France"]).to_dict() for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+class Factory:
+    """Makes a scripted 'policy' for a model directory and remembers which directories were asked for."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+        self.llms: list[ScriptedLLM] = []
+
+    def __call__(self, path: Path) -> LLM:
+        self.paths.append(Path(path))
+        llm = ScriptedLLM(scripted_policy(seed=len(self.paths)))
+        self.llms.append(llm)
+        return llm
+
+
+def _run_config(tmp_path: Path, tiny_model_dir: Path, **overrides: Any) -> MDPOConfig:
+    config = MDPOConfig(
+        model=str(tiny_model_dir),
+        output_dir=str(tmp_path / "run"),
+        train_file=_write_examples(tmp_path / "train.jsonl", 4, "t"),
+        dev_file=_write_examples(tmp_path / "dev.jsonl", 2, "d"),
+        decompositions=2,
+        solutions=3,
+        iterations=2,
+        batch_size=2,
+        per_device_batch_size=2,
+        max_steps=1,  # one optimizer step per iteration keeps the tests fast
+        warmup_ratio=0.0,
+        learning_rate=1e-3,
+        max_length=512,
+        progress=False,
+        agent=AceSearcherConfig(k=1),
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def test_reference_of_each_iteration_is_the_previous_policy(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    seen: list[dict[str, Any]] = []
+    real = mdpo.build_dpo_trainer
+
+    def spy(config: MDPOConfig, policy: Path, pairs: list, output_dir: Path, reference: Any = None) -> Any:
+        trainer = real(config, policy, pairs, output_dir, reference)
+        seen.append(
+            {
+                "policy": Path(policy),
+                "ref": {k: v.clone() for k, v in trainer.ref_model.state_dict().items()},
+                "start": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+            }
+        )
+        return trainer
+
+    monkeypatch.setattr(mdpo, "build_dpo_trainer", spy)
+    factory = Factory()
+    retriever = ListRetriever(passages("Ann was born in Paris."))
+    summary = train_mdpo(_run_config(tmp_path, tiny_model_dir), llm_factory=factory, retriever=retriever)
+    run_dir = tmp_path / "run"
+    iter1, iter2 = run_dir / "iter1" / "model", run_dir / "iter2" / "model"
+    assert summary["final_model"] == str(iter2) and len(seen) == 2
+    # sampling with the newest model: θ(1) samples (and is evaluated), θ(2) = iter1/model is evaluated and samples
+    assert factory.paths == [tiny_model_dir, iter1, iter1, iter2]
+    assert seen[0]["policy"] == tiny_model_dir and seen[1]["policy"] == iter1
+    tiny = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    theta2 = AutoModelForCausalLM.from_pretrained(iter1).state_dict()
+    for name, value in theta2.items():
+        assert torch.equal(seen[0]["ref"][name], tiny[name]) and torch.equal(seen[0]["start"][name], tiny[name])
+        assert torch.equal(seen[1]["ref"][name], value) and torch.equal(seen[1]["start"][name], value)
+    assert any(not torch.equal(tiny[n], theta2[n]) for n in tiny)
+    for t, policy in ((1, tiny_model_dir), (2, iter1)):
+        stats = json.loads((run_dir / f"iter{t}" / "stats.json").read_text())
+        assert stats["reference"] == stats["policy"] == str(policy) and stats["pairs"]["total"] > 0
+        assert stats["dpo"]["trained"] and stats["dpo"]["accuracy"] is not None
+        assert stats["dev"]["n"] == 2 and stats["rollouts"] == 4 * 2 * 3
+        assert (run_dir / f"iter{t}" / "pairs.jsonl").exists()
+        producer = json.loads((run_dir / f"iter{t}" / "rollouts" / "store.json").read_text())
+        assert producer["model"] == str(policy) and producer["model_revision"]
+        assert producer["config"]["sampling"]["temperature"] == 1.0
+    assert "dev_initial" in json.loads((run_dir / "iter1" / "stats.json").read_text())
+    assert [i["iteration"] for i in json.loads((run_dir / "summary.json").read_text())["iterations"]] == [1, 2]
+
+
+class Killed(BaseException):
+    pass
+
+
+def test_a_killed_run_resumes_without_resampling(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def kill(*args: Any, **kwargs: Any) -> Any:
+        raise Killed
+
+    retriever = ListRetriever(passages("Ann was born in Paris."))
+    config = _run_config(tmp_path, tiny_model_dir, iterations=1)
+    with monkeypatch.context() as patch:
+        patch.setattr(mdpo, "build_pairs", kill)  # killed right after iteration 1's rollouts
+        with pytest.raises(Killed):
+            train_mdpo(config, llm_factory=Factory(), retriever=retriever)
+    store_file = tmp_path / "run" / "iter1" / "rollouts" / "rollouts.jsonl"
+    lines = store_file.read_text().splitlines(keepends=True)
+    assert len(lines) == 4 * 2 * 3 and not (tmp_path / "run" / "iter1" / "model").exists()
+    store_file.write_text("".join(lines[:-2]) + lines[-2][:30])  # and, as if mid-write, lose two rollouts
+
+    factory = Factory()
+    train_mdpo(config, llm_factory=factory, retriever=retriever)
+    sampler = factory.llms[0]
+    assert 0 < len(sampler.prompts) <= 2 * 4  # only the two lost fixed-decomposition runs were sampled again
+    assert not any("Please break down" in p for p in sampler.prompts)
+    keys = [json.loads(line)["key"] for line in store_file.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 4 * 2 * 3
+    assert (tmp_path / "run" / "iter1" / "model").exists() and (tmp_path / "run" / "iter1" / "stats.json").exists()
+
+    # a finished iteration is skipped on a rerun: no sampling, no training
+    again = Factory()
+    summary = train_mdpo(config, llm_factory=again, retriever=retriever)
+    assert again.paths == [] and summary["iterations"][0]["iteration"] == 1
+
+
+def test_config_from_yaml_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sleuth.train.config import ConfigError, load_config
+
+    repo = Path(__file__).resolve().parents[1]
+    config = load_config(MDPOConfig, repo / "configs" / "mdpo_synth.yaml", {"beta": "0.5", "agent.k": "3"})
+    assert config.beta == 0.5 and config.agent.k == 3 and config.synth
+    config.validate()
+    monkeypatch.setattr(mdpo, "train_mdpo", lambda c: {"config": c})
+    got = mdpo.main(repo / "configs" / "mdpo_synth.yaml", ["iterations=1", "agent.sampling.max_new_tokens=8"])
+    assert got["config"].iterations == 1 and got["config"].agent.sampling.max_new_tokens == 8
+    with pytest.raises(ConfigError):
+        mdpo.main(None, ["no_such_option=1"])
+    config = load_config(MDPOConfig, None, {"pair_sets": "decompose,final", "reward": "code"})
+    assert config.pair_sets == ("decompose", "final") and config.reward == "code"
+    config.reward = "bogus"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="reward"):
+        config.validate()
+
+
+# ------------------------------------------------------------------------------------------------ real backends
+
+
+def test_tiny_model_end_to_end_with_bm25(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The default hf: backend and a real BM25 index: random output gives no pairs, the iteration still completes."""
+    from tests.test_bm25 import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n_filler=20)
+    config = _run_config(tmp_path, tiny_model_dir, iterations=1, corpus=str(corpus), train_limit=2, dev_limit=1)
+    config.agent.sampling = dataclasses.replace(config.agent.sampling, max_new_tokens=6)
+    config.agent.max_subquestions = 2
+    summary = train_mdpo(config)
+    stats = json.loads((tmp_path / "run" / "iter1" / "stats.json").read_text())
+    assert stats["rollouts"] == 2 * 2 * 3 and stats["failed_runs"] == 0
+    assert summary["iterations"][0]["dev_em"] is not None and (tmp_path / "run" / "index").exists()
+    assert (tmp_path / "run" / "iter1" / "model" / "config.json").exists()
+
+
+@pytest.mark.integration
+def test_smollm2_samples_and_scores_one_question(tmp_path: Path) -> None:
+    """SmolLM2-135M samples m=2 decompositions x m'=2 runs on a synthetic-world question; no training."""
+    from sleuth.assets import ensure_default_model
+    from sleuth.data.synth import synthesize
+    from sleuth.llm import load_llm
+    from sleuth.retrieval import load_retriever
+    from sleuth.retrieval.bm25 import build_bm25_index
+
+    sizes = {"train_entities": 40, "dev_entities": 20, "test_entities": 20}
+    synthesize(tmp_path / "world", seed=0, train_questions=2, dev_questions=1, test_questions=1, max_hops=2, **sizes)
+    build_bm25_index(tmp_path / "world" / "corpus.jsonl", tmp_path / "idx")
+    example = next(iter(mdpo._read_examples(str(tmp_path / "world" / "train.jsonl"), 1)))
+    config = MDPOConfig(decompositions=2, solutions=2)
+    config.agent = AceSearcherConfig(
+        k=3, max_subquestions=3, decompose_max_new_tokens=40, subanswer_max_new_tokens=8, final_max_new_tokens=24
+    )
+    llm = load_llm(f"hf:{ensure_default_model()}?threads=1")
+    ctx = Context(llm=llm, retriever=load_retriever(str(tmp_path / "idx")), config=config.rollout_agent())
+    store = RolloutStore(tmp_path / "store")
+    assert sample_rollouts([example], ctx, store, 2, 2) == 4
+    _, stats = build_pairs(store, config)
+    assert stats["trajectories"] == 4 and stats["failed_runs"] == 0
