@@ -35,13 +35,13 @@ def _fail(message: str) -> None:
 
 
 def _options(pairs: list[str] | None) -> dict[str, str]:
-    options = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            _fail(f"--set expects KEY=VALUE, got {pair!r}")
-        options[key.strip()] = value
-    return options
+    from sleuth.agents.base import parse_options
+
+    try:
+        return parse_options(pairs)
+    except ValueError as exc:
+        _fail(str(exc))
+        raise
 
 
 @app.command()

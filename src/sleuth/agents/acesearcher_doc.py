@@ -153,7 +153,7 @@ def rank_chunks(query: str, chunks: list[Passage], k: int) -> list[Passage]:
     return [dataclasses.replace(chunks[i], score=float(scores[i]), meta={**chunks[i].meta}) for i in order]
 
 
-def _with_table_context(picked: list[Passage], document: list[Passage]) -> list[Passage]:
+def with_table_context(picked: list[Passage], document: list[Passage]) -> list[Passage]:
     """Prefix each table chunk with the non-table chunk before it in the document (released code, CompLong)."""
     position = {p.id: i for i, p in enumerate(document)}
     out = []
@@ -196,12 +196,12 @@ async def select_chunks(example: Example, ctx: Context, trace: Trace, config: Ac
         position = {p.id: i for i, p in enumerate(document)}
         picked = sorted(ranked, key=lambda p: position.get(p.id, 0))
     if config.table_context:
-        picked = _with_table_context(picked, document)
+        picked = with_table_context(picked, document)
     trace.meta["chunks"] = {**info, "source": "bm25", "ids": [p.id for p in picked]}
     return picked
 
 
-def _prompt_fields(example: Example, chunks: list[Passage], style: str) -> dict[str, str]:
+def prompt_fields(example: Example, chunks: list[Passage], style: str) -> dict[str, str]:
     """Every placeholder the doc prompts use: Fig. 11's separate {passages}/{tables}, and {passage} = all chunks."""
     return {
         "question": example.question,
@@ -445,7 +445,7 @@ async def acesearcher_doc(example: Example, ctx: Context, trace: Trace) -> Trace
     config.validate()
     trace.meta["reasoning"] = config.reasoning
     chunks = await select_chunks(example, ctx, trace, config)
-    fields = _prompt_fields(example, chunks, config.passage_style)
+    fields = prompt_fields(example, chunks, config.passage_style)
     breakdown = await decompose_document(example, fields, ctx, trace, config)
     if config.reasoning == "cot":
         trace.answer = await chain_of_thought(fields, breakdown, ctx, trace, config)

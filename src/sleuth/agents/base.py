@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -250,6 +250,19 @@ def _coerce(raw: Any, current: Any, key: str, kind: type | None = None) -> Any:
     if isinstance(current, tuple | list):
         return type(current)(part for part in raw.split(",") if part)
     return raw
+
+
+def parse_options(pairs: Iterable[str] | dict[str, Any] | None) -> dict[str, Any]:
+    """``["k=3", "sampling.temperature=0.7"]`` -> ``{"k": "3", ...}`` (a mapping passes through unchanged)."""
+    if pairs is None or isinstance(pairs, dict):
+        return dict(pairs or {})
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = str(pair).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"option {pair!r} is not KEY=VALUE")
+        options[key.strip()] = value
+    return options
 
 
 def configure(config_cls: type, options: dict[str, Any] | None = None) -> Any:

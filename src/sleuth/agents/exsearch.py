@@ -275,20 +275,13 @@ def parse_answer(output: str) -> tuple[str, list[str]]:
 
 # -- observations ---------------------------------------------------------------------------------------------------
 
+
 # Beyond escape_observation: numbered or spaced tags (<Search 2>, <USER QUERY>) and chat-template control tokens
 # (<|im_end|>), which would otherwise end the user turn when the hf backend renders the chat template.
-_EXTRA_TAG = re.compile(r"<(?=\s*/?\s*[A-Za-z_][\w-]*(?:\s+[\w-]+)+\s*/?>)|<(?=\|)")
-
-
-def escape_passage(text: str) -> str:
-    """Retrieved text made inert in the transcript: no tag look-alike or chat control token survives."""
-    return _EXTRA_TAG.sub("&lt;", escape_observation(text))
-
-
 def format_documents(passages: list[Passage], labels: list[int]) -> str:
     """``[j] Title: t. Content: c`` lines (the paper's and the code's document format), ``j`` 1-based labels."""
     return "\n".join(
-        f"[{j}] Title: {escape_passage(p.title)}. Content: {escape_passage(p.text)}"
+        f"[{j}] Title: {escape_observation(p.title)}. Content: {escape_observation(p.text)}"
         for j, p in zip(labels, passages, strict=True)
     )
 

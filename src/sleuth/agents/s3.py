@@ -102,18 +102,13 @@ class S3Config:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _inert(text: str) -> str:
-    """Retrieved text made unable to act as a tag: tag look-alikes and chat-template markers (``<|im_end|>``)."""
-    return escape_observation(text).replace("<|", "&lt;|")
-
-
 def format_docs(passages: list[Passage], title_space: bool = True, quote_titles: bool = True) -> str:
     """Documents as the searcher sees them, one line each: ``Doc i (Title: "t") text\\n`` (escaped)."""
     space = " " if title_space else ""
     lines = []
     for i, p in enumerate(passages, 1):
         title = f'"{p.title}"' if quote_titles else p.title
-        lines.append(f"Doc {i}{space}(Title: {_inert(title)}) {_inert(p.text)}\n")
+        lines.append(f"Doc {i}{space}(Title: {escape_observation(title)}) {escape_observation(p.text)}\n")
     return "".join(lines)
 
 

@@ -59,6 +59,7 @@ from typing import Any, Literal
 
 from sleuth.agents import Context
 from sleuth.agents.acesearcher import GIVEN_DECOMPOSITION, AceSearcherConfig
+from sleuth.agents.base import parse_options
 from sleuth.eval.metrics import accuracy, claim_accuracy, exact_match, f1_score, normalize_answer, score_example
 from sleuth.llm import LLM
 from sleuth.records import Example, Step, Trace
@@ -1028,12 +1029,8 @@ def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[st
 
     ``overrides``: a mapping or ``"key=value"`` strings; dotted keys reach nested options (``agent.k=5``).
     """
-    if overrides is not None and not isinstance(overrides, dict):
-        pairs: dict[str, Any] = {}
-        for item in overrides:
-            key, sep, value = str(item).partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(f"override {item!r} is not KEY=VALUE")
-            pairs[key.strip()] = value
-        overrides = pairs
-    return train_mdpo(load_config(MDPOConfig, config_path, overrides))
+    try:
+        options = parse_options(overrides)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return train_mdpo(load_config(MDPOConfig, config_path, options))

@@ -75,8 +75,8 @@ from sleuth.agents.acesearcher import (
     resolve_references,
     subanswer_prompt,
 )
-from sleuth.agents.acesearcher_doc import AceSearcherDocConfig, _prompt_fields, _with_table_context, rank_chunks
-from sleuth.agents.base import load_prompt
+from sleuth.agents.acesearcher_doc import AceSearcherDocConfig, prompt_fields, rank_chunks, with_table_context
+from sleuth.agents.base import load_prompt, parse_options
 from sleuth.eval.metrics import claim_label, numbers_match
 from sleuth.records import Example, Passage
 from sleuth.train.config import ConfigError, load_config, to_mapping
@@ -512,8 +512,8 @@ def _doc_fields(example: Example, doc: AceSearcherDocConfig) -> dict[str, str]:
             position = {p.id: i for i, p in enumerate(document)}
             picked = sorted(picked, key=lambda p: position.get(p.id, 0))
         if doc.table_context:
-            picked = _with_table_context(picked, document)
-    return _prompt_fields(example, picked, doc.passage_style)
+            picked = with_table_context(picked, document)
+    return prompt_fields(example, picked, doc.passage_style)
 
 
 def _doc_template(stage: str, doc: AceSearcherDocConfig) -> str:
@@ -1309,12 +1309,8 @@ def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[st
     ``overrides`` is a mapping or ``"key=value"`` strings (dotted keys reach nested options: ``lora.r=16``,
     ``agent.prompts=code``).
     """
-    if overrides is not None and not isinstance(overrides, dict):
-        pairs = {}
-        for item in overrides:
-            key, sep, value = str(item).partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(f"override {item!r} is not KEY=VALUE")
-            pairs[key.strip()] = value
-        overrides = pairs
-    return train_sft(load_sft_config(config_path, overrides))
+    try:
+        options = parse_options(overrides)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return train_sft(load_sft_config(config_path, options))
