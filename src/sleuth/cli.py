@@ -418,10 +418,6 @@ def assets_verify() -> None:
         raise typer.Exit(code=1)
 
 
-if __name__ == "__main__":
-    app()
-
-
 @train_app.command("sft")
 def train_sft_command(
     config: Annotated[Path, typer.Option(help="SFT config (YAML/JSON); see configs/sft_synth.yaml.")],
@@ -452,3 +448,23 @@ def train_acesearcher_command(
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     console.print(summary if isinstance(summary, str) else json.dumps(summary, indent=2, default=str)[:4000])
+
+
+@train_app.command("exsearch")
+def train_exsearch_command(
+    config: Annotated[Path, typer.Option(help="EM config (YAML/JSON); see configs/exsearch_synth.yaml.")],
+    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+) -> None:
+    """ExSearch: warm-up SFT, then generalized EM (sample trajectories, weight by p(gold | trajectory), re-train)."""
+    from sleuth.train.config import ConfigError
+    from sleuth.train.exsearch_em import main
+
+    try:
+        summary = main(config, _options(option))
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(json.dumps(summary, indent=2, default=str)[:4000])
+
+
+if __name__ == "__main__":
+    app()

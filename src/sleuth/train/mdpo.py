@@ -781,19 +781,20 @@ def evaluate_dev(
     examples: list[Example],
     llm: LLM,
     retriever: Retriever | None,
-    agent: AceSearcherConfig,
+    agent: Any,
     out: str | Path | None = None,
     concurrency: int = 64,
     progress: bool = False,
+    method: str = METHOD,
 ) -> dict[str, Any]:
-    """Run the agent (``agent`` decoding, greedy by default) on ``examples``; mean EM / F1, failed runs. ``out``:
-    also write the traces there (jsonl)."""
+    """Run the agent ``method`` (``agent``: its config; decoding greedy by default) on ``examples``; mean EM / F1,
+    failed runs. ``out``: also write the traces there (jsonl)."""
     from sleuth.runner import run
 
     if not examples:
         return {"n": 0, "em": None, "f1": None, "errors": 0}
     ctx = Context(llm=llm, retriever=retriever, config=agent)
-    traces = run(METHOD, examples, ctx, concurrency=concurrency, progress=progress, description="dev")
+    traces = run(method, examples, ctx, concurrency=concurrency, progress=progress, description="dev")
     if out is not None:
         with open(out, "w", encoding="utf-8") as f:
             f.writelines(t.to_json() + "\n" for t in traces)
