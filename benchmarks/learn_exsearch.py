@@ -348,7 +348,8 @@ def main() -> None:
     config = em_config(s, args, agent, model=str(base), output_dir=str(warm_dir), data_dir=str(world))
     data = warm_dir / "data.jsonl"
     if not data.exists():
-        records, report = warmup_records(config, train, load_retriever(str(index)))
+        # warm-up questions from the second half of the training split: the E-step samples the first ones
+        records, report = warmup_records(config, train[len(train) // 2 :], load_retriever(str(index)))
         (warm_dir / "data_summary.json").write_text(json.dumps(report, indent=2) + "\n")
         data.write_text("".join(json.dumps(r) + "\n" for r in records))
     records = [json.loads(line) for line in data.read_text().splitlines()]
