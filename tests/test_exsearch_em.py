@@ -392,3 +392,21 @@ def test_config_from_yaml_and_cli_overrides(monkeypatch: pytest.MonkeyPatch) -> 
     config.weighting = "bogus"  # type: ignore[assignment]
     with pytest.raises(ValueError, match="weighting"):
         config.validate()
+
+
+def test_segments_inside_one_assistant_message_mask_the_observations(tokenizer: Any) -> None:
+    segments = [
+        {"source": "model", "text": "<query>who wrote it</query>"},
+        {"source": "observation", "text": "\n<information>Doc 1 Ann wrote it.</information>\n"},
+        {"source": "model", "text": "<search_complete>True</search_complete>"},
+    ]
+    chat = tokenize_chat(tokenizer, [{"role": "user", "content": "Q"}, {"role": "assistant", "segments": segments}])
+    written = tokenizer.decode([t for t, m in zip(chat.input_ids, chat.model_mask, strict=True) if m])
+    assert written == "<query>who wrote it</query><search_complete>True</search_complete><|im_end|>"
+    whole = "".join(s["text"] for s in segments)
+    reference = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Q"}, {"role": "assistant", "content": whole}], tokenize=True
+    )
+    assert chat.input_ids == list(reference["input_ids"] if hasattr(reference, "keys") else reference)
+    with pytest.raises(TokenizationError, match="add up"):
+        tokenize_chat(tokenizer, [{"role": "assistant", "content": "x", "segments": segments}])

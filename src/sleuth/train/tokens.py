@@ -78,12 +78,28 @@ def tokenize_chat(
 ) -> TokenizedChat:
     """Tokenize ``messages`` with the chat template; mark the tokens of ``model_roles`` messages (module doc).
 
+    A message may carry ``segments`` (``[{"source": "model" | "observation" | ..., "text"}]``, its content being
+    their concatenation): then only its ``model`` segments are model tokens, e.g. an s3 reply that the searcher
+    keeps continuing around inserted search results. The end-of-turn token counts as the model's only when the
+    last segment is the model's.
+
     ``max_length``: keep the last ``max_length`` tokens (the start of a long trajectory is the prompt, whose tokens
     carry no loss; ``truncated`` records it). Needs a fast tokenizer (character offsets).
     """
     if not getattr(tokenizer, "is_fast", False):
         raise TokenizationError("tokenize_chat needs a fast tokenizer (character offsets)")
-    messages = [dict(m) for m in messages]
+    segments: list[list[tuple[str, str]] | None] = []
+    plain = []
+    for i, message in enumerate(messages):
+        parts = message.get("segments")
+        if parts is not None:
+            parts = [(str(p["source"]), str(p["text"])) for p in parts]
+            if "".join(t for _, t in parts) != message.get("content", "".join(t for _, t in parts)):
+                raise TokenizationError(f"message {i}: its segments do not add up to its content")
+        segments.append(parts)
+        content = "".join(t for _, t in parts) if parts is not None else message["content"]
+        plain.append({"role": message["role"], "content": content})
+    messages = plain
     text = _render(tokenizer, messages)
     eos = tokenizer.eos_token if isinstance(tokenizer.eos_token, str) else None
     spans: list[tuple[int, int, int]] = []
@@ -100,7 +116,16 @@ def tokenize_chat(
             if start < 0:
                 raise TokenizationError(f"message {i}'s content is not in its rendering (the template alters it)")
             content_end = start + len(message["content"])
-            spans.append((start, _end_of_turn(prefix, content_end, eos), i))
+            if segments[i] is None:
+                spans.append((start, _end_of_turn(prefix, content_end, eos), i))
+            else:  # one assistant message holding model text and inserted observations (s3's growing reply)
+                at = start
+                for j, (source, piece) in enumerate(segments[i]):
+                    if source == "model" and piece:
+                        last = j == len(segments[i]) - 1
+                        end = _end_of_turn(prefix, at + len(piece), eos) if last else at + len(piece)
+                        spans.append((at, end, i))
+                    at += len(piece)
         previous_end = len(prefix)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = list(encoded["input_ids"])
