@@ -78,10 +78,26 @@ class HFLLM(LLM):
             if not isinstance(torch_dtype, torch.dtype):
                 raise LLMError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device).eval()
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device).eval()
         except OSError as exc:
             raise LLMError(f"cannot load a transformers model from {path!r}: {exc}") from exc
+        self._setup(model, tokenizer, path, max_batch, max_padding)
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, max_batch: int = 32, max_padding: float | None = None) -> HFLLM:
+        """A backend over an already loaded model, sharing its weights (an RL trainer samples rollouts from the
+        policy it is training: every update is visible to the next generation). The caller owns train/eval mode;
+        generation runs under ``torch.inference_mode``."""
+        llm = cls.__new__(cls)
+        LLM.__init__(llm)
+        llm.device = next(model.parameters()).device
+        llm._setup(model, tokenizer, getattr(model, "name_or_path", "in-memory"), max_batch, max_padding)
+        return llm
+
+    def _setup(self, model: Any, tokenizer: Any, path: str, max_batch: int, max_padding: float | None) -> None:
+        self.tokenizer = tokenizer
+        self.model = model
         self.path = path
         # On CPU a padded, masked prefill costs far more than the same rows unpadded (measured in
         # docs/results/bench_runner.md), so rows are grouped by length; on a GPU one big batch wins.

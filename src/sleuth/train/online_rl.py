@@ -1,0 +1,533 @@
+"""Online RL for search agents: rollouts through the agent code, then a GRPO or PPO update of the policy.
+
+One loop serves ARENA (single-turn, GRPO; :mod:`sleuth.train.arena_rl`) and s3 (multi-turn searcher with a frozen
+generator, PPO or GRPO; :mod:`sleuth.train.s3_rl`). A :class:`Task` says which agent runs, how a finished Trace
+becomes the training conversation (model-written text vs inserted observations) and what it earns. Per step:
+
+1. **Rollouts.** ``prompts_per_step`` training questions (a seeded order, so a resumed run draws the same
+   batches), ``group_size`` runs each, by the task's agent through the runner, sampling from the *live* policy
+   (:meth:`sleuth.llm.hf.HFLLM.from_model` shares the weights being trained). Failed runs are counted, not trained.
+2. **Rewards** from the task (format/EM/relevance/bonus for ARENA, Gain Beyond RAG for s3).
+3. **Tokens.** :func:`sleuth.train.tokens.tokenize_chat`: the ids the chat template gives the whole conversation
+   and a mask of model-written tokens; the policy loss, the KL and the value loss cover those only (state masking).
+4. **Advantages.** GRPO: group-normalised sequence rewards. PPO: a value head on the policy backbone (its own
+   learning rate), token rewards = -kl_coef * KL(policy || reference) per model token plus the score on the last
+   one, GAE(gamma, lambda) over the model tokens (observations in between are skipped).
+5. **Update.** ``ppo_epochs`` passes over ``mini_batches`` mini-batches (micro-batched for memory) of the clipped
+   surrogate (+ beta * KL for GRPO, + vf_coef * clipped value loss and - entropy_coef * entropy for PPO); the old
+   log-probs are the rollout policy's, the reference is the initial policy (a frozen copy, or the LoRA base with
+   its adapter disabled).
+
+Every step appends one line to ``OUT/log.jsonl`` (reward and its components, KL, entropy, clip fraction, response
+length in model tokens, searches per question, seconds); every ``save_steps`` the policy, value head, optimizer
+and step go to ``OUT/checkpoint`` (written to a temporary directory first, then renamed), from which a killed run
+resumes. At the end: ``OUT/model`` (LoRA merged) and ``OUT/curves.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sleuth.agents import Context
+from sleuth.records import Example, Trace
+
+__all__ = ["Episode", "RLConfig", "Task", "train_online"]
+
+LOG_FILE = "log.jsonl"
+
+
+@dataclass
+class RLConfig:
+    """Options shared by the RL trainers; each trainer's config adds its data and reward options and sets its
+    paper's defaults (ARENA: GRPO, group 7; s3: PPO, one rollout per question)."""
+
+    model: str = "default"  # a transformers directory or "default" (the embedded SmolLM2)
+    output_dir: str = "runs/rl"
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    steps: int = 20
+    prompts_per_step: int = 8
+    group_size: int = 4  # rollouts per question (GRPO groups; PPO: usually 1)
+    mini_batches: int = 1  # optimizer steps per rollout batch
+    ppo_epochs: int = 1
+    micro_batch: int = 4  # sequences per forward/backward (memory only: gradients are accumulated)
+    learning_rate: float = 1e-6
+    critic_learning_rate: float = 1e-5
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    clip_eps: float = 0.2
+    beta: float = 0.0  # KL-loss coefficient (GRPO)
+    kl_coef: float = 0.0  # KL-in-reward coefficient (PPO)
+    kl: str = "k3"  # estimator: k1 | k2 | k3 | arena | abs
+    entropy_coef: float = 0.0
+    vf_coef: float = 0.5
+    value_clip: float = 0.5
+    gamma: float = 1.0
+    lam: float = 1.0
+    adv_eps: float = 1e-6
+    loss_aggregation: str = "token-mean"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_length: int = 4096  # tokens per episode (longer ones keep their end)
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_target: str = "all-linear"
+    dtype: str = "auto"  # auto: bf16 on a GPU that supports it, else fp32
+    save_steps: int = 10
+    seed: int = 0
+    concurrency: int = 64
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.algorithm not in ("grpo", "ppo"):
+            raise ValueError(f"algorithm={self.algorithm!r}; expected 'grpo' or 'ppo'")
+        for name in ("steps", "prompts_per_step", "group_size", "mini_batches", "ppo_epochs", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.algorithm == "grpo" and self.group_size < 2:
+            raise ValueError("GRPO needs group_size >= 2 (advantages are relative to the group)")
+        if self.kl not in ("k1", "k2", "k3", "arena", "abs"):
+            raise ValueError(f"kl={self.kl!r}; expected k1, k2, k3, arena or abs")
+
+
+@dataclass
+class Episode:
+    """One rollout ready for the update: its group, conversation, reward (and components), and agent statistics."""
+
+    group: str
+    messages: list[dict[str, Any]] | None
+    reward: float
+    components: dict[str, float]
+    searches: float = 0.0
+    input_ids: list[int] | None = None
+    mask: list[int] | None = None
+
+
+class Task:
+    """What an RL trainer plugs into :func:`train_online`."""
+
+    method: str = ""
+
+    def agent_config(self, config: RLConfig) -> Any:
+        """The agent's config for rollouts (sampling at the configured temperature)."""
+        raise NotImplementedError
+
+    def context(self, llm: Any, agent_config: Any) -> Context:
+        raise NotImplementedError
+
+    def episodes(self, traces: list[Trace]) -> list[Episode]:
+        """Conversation and reward of each finished trace (may call a frozen generator)."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Models:
+    """The policy (optionally LoRA-wrapped), its frozen reference, a value head for PPO, and the optimizer."""
+
+    def __init__(self, config: RLConfig, path: Path, resume: Path | None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if config.dtype == "auto":
+            bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+            dtype = torch.bfloat16 if bf16 else torch.float32
+        else:
+            dtype = getattr(torch, config.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        source = resume / "policy" if resume is not None and not config.lora else path
+        self.policy = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(self.device)
+        self.reference = None
+        if config.lora:
+            from peft import LoraConfig, PeftModel, get_peft_model
+
+            if resume is not None:
+                self.policy = PeftModel.from_pretrained(self.policy, resume / "policy", is_trainable=True)
+            else:
+                target = config.lora_target if config.lora_target == "all-linear" else config.lora_target.split(",")
+                lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=target)
+                self.policy = get_peft_model(self.policy, lora)
+        else:
+            self.reference = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+            self.reference.requires_grad_(False)
+        self.value_head = None
+        groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad], "lr": config.learning_rate}]
+        if config.algorithm == "ppo":
+            hidden = self.policy.config.hidden_size if not config.lora else self.policy.base_model.config.hidden_size
+            self.value_head = torch.nn.Linear(hidden, 1).to(self.device, dtype)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+            if resume is not None:
+                self.value_head.load_state_dict(torch.load(resume / "value_head.pt", weights_only=True))
+            groups.append({"params": list(self.value_head.parameters()), "lr": config.critic_learning_rate})
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+        if resume is not None:
+            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", weights_only=True))
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+
+    def forward(self, ids: Any, attention: Any, reference: bool = False, values: bool = False) -> tuple[Any, Any]:
+        """Logits (and values: one per position, the state before the next token) of a padded batch."""
+        if reference:
+            if self.reference is not None:
+                return self.reference(input_ids=ids, attention_mask=attention).logits, None
+            with self.policy.disable_adapter():
+                return self.policy(input_ids=ids, attention_mask=attention).logits, None
+        out = self.policy(input_ids=ids, attention_mask=attention, output_hidden_states=values)
+        value = None
+        if values and self.value_head is not None:
+            value = self.value_head(out.hidden_states[-1]).squeeze(-1)
+        return out.logits, value
+
+    def save_checkpoint(self, directory: Path, step: int, config: RLConfig) -> None:
+        import torch
+
+        partial = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        self.policy.save_pretrained(partial / "policy")
+        torch.save(self.optimizer.state_dict(), partial / "optimizer.pt")
+        if self.value_head is not None:
+            torch.save(self.value_head.state_dict(), partial / "value_head.pt")
+        state = {"step": step, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state().tolist()}
+        (partial / "state.json").write_text(json.dumps(state))
+        old = directory.with_name(directory.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if directory.exists():
+            directory.rename(old)
+        partial.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def save_final(self, directory: Path, config: RLConfig) -> None:
+        model = self.policy.merge_and_unload() if config.lora else self.policy
+        model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Update
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _pad(episodes: Sequence[Episode], pad_id: int, device: Any) -> tuple[Any, Any, Any]:
+    import torch
+
+    width = max(len(e.input_ids or []) for e in episodes)
+    ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(episodes), width), dtype=torch.long)
+    mask = torch.zeros((len(episodes), width), dtype=torch.float32)
+    for i, e in enumerate(episodes):
+        n = len(e.input_ids or [])
+        ids[i, :n] = torch.tensor(e.input_ids)
+        attention[i, :n] = 1
+        mask[i, :n] = torch.tensor(e.mask, dtype=torch.float32)
+    return ids.to(device), attention.to(device), mask.to(device)
+
+
+def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _rollout_stats(models: _Models, episodes: list[Episode], config: RLConfig) -> list[dict[str, Any]]:
+    """Per episode, with no gradient: old log-probs (the rollout policy), reference log-probs, values."""
+    import torch
+
+    from sleuth.train import rl
+
+    out = []
+    with torch.no_grad():
+        for chunk in _chunks(episodes, config.micro_batch):
+            ids, attention, mask = _pad(chunk, models.tokenizer.pad_token_id, models.device)
+            logits, values = models.forward(ids, attention, values=config.algorithm == "ppo")
+            old = rl.token_logprobs(logits[:, :-1].float(), ids[:, 1:])
+            ref_logits, _ = models.forward(ids, attention, reference=True)
+            ref = rl.token_logprobs(ref_logits[:, :-1].float(), ids[:, 1:])
+            for i, e in enumerate(chunk):
+                n = len(e.input_ids or []) - 1
+                row = {"old": old[i, :n].cpu(), "ref": ref[i, :n].cpu(), "mask": mask[i, 1 : n + 1].cpu()}
+                if values is not None:
+                    row["values"] = values[i, :n].float().cpu()
+                out.append(row)
+    return out
+
+
+def _advantages(episodes: list[Episode], stats: list[dict[str, Any]], config: RLConfig) -> dict[str, float]:
+    """Fill ``stats[i]["adv"]`` (per token) and, for PPO, ``stats[i]["returns"]``; return logged numbers."""
+    import torch
+
+    from sleuth.train import rl
+
+    if config.algorithm == "grpo":
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
+        groups = [e.group for e in episodes]
+        index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+        adv = rl.grpo_advantages(rewards, torch.tensor([index[g] for g in groups]), eps=config.adv_eps)
+        for i, row in enumerate(stats):
+            row["adv"] = torch.full_like(row["old"], float(adv[i]))
+        return {"advantage_abs": float(adv.abs().mean())}
+    kls, scores = [], []
+    for e, row in zip(episodes, stats, strict=True):
+        mask = row["mask"][None]
+        token_rewards = rl.kl_in_reward(
+            torch.tensor([e.reward]), row["old"][None], row["ref"][None], mask, coef=config.kl_coef, kind=config.kl
+        )
+        adv, returns = rl.gae_advantages(
+            token_rewards, row["values"][None], mask, gamma=config.gamma, lam=config.lam, whiten=False
+        )
+        row["adv"], row["returns"] = adv[0], returns[0]
+        kls.append(float(rl.masked_mean(rl.kl_penalty(row["old"], row["ref"], kind=config.kl), row["mask"])))
+        scores.append(e.reward)
+    # whiten advantages over every model token of the batch (PPO's usual normalisation)
+    flat = torch.cat([row["adv"][row["mask"] > 0] for row in stats]) if stats else torch.zeros(1)
+    mean, std = flat.mean(), flat.std() if flat.numel() > 1 else torch.tensor(1.0)
+    for row in stats:
+        row["adv"] = (row["adv"] - mean) / (std + 1e-8) * row["mask"]
+    return {"kl": sum(kls) / max(len(kls), 1)}
+
+
+def _pad_rows(rows: Sequence[dict[str, Any]], key: str, width: int, device: Any) -> Any:
+    import torch
+
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : row[key].shape[0]] = row[key]
+    return out.to(device)
+
+
+def _update(models: _Models, episodes: list[Episode], stats: list[dict[str, Any]], config: RLConfig) -> dict:
+    """``ppo_epochs`` x ``mini_batches`` optimizer steps; returns mean loss terms."""
+    import torch
+
+    from sleuth.train import rl
+
+    logged: Counter[str] = Counter()
+    count = 0
+    order = list(range(len(episodes)))
+    for _ in range(config.ppo_epochs):
+        random.shuffle(order)
+        for mini in _chunks(order, max(1, math.ceil(len(order) / config.mini_batches))):
+            models.optimizer.zero_grad(set_to_none=True)
+            tokens = sum(float(stats[i]["mask"].sum()) for i in mini) or 1.0
+            for micro in _chunks(list(mini), config.micro_batch):
+                chunk = [episodes[i] for i in micro]
+                rows = [stats[i] for i in micro]
+                ids, attention, _ = _pad(chunk, models.tokenizer.pad_token_id, models.device)
+                width = ids.shape[1] - 1
+                mask = _pad_rows(rows, "mask", width, models.device)
+                old = _pad_rows(rows, "old", width, models.device)
+                ref = _pad_rows(rows, "ref", width, models.device)
+                adv = _pad_rows(rows, "adv", width, models.device)
+                logits, values = models.forward(ids, attention, values=config.algorithm == "ppo")
+                logits = logits[:, :-1].float()
+                logp = rl.token_logprobs(logits, ids[:, 1:])
+                # each micro-batch's loss is a mean over its tokens (or sequences): weight it by its share
+                share = (
+                    len(micro) / len(mini) if config.loss_aggregation.startswith("seq") else float(mask.sum()) / tokens
+                )
+                if config.algorithm == "grpo":
+                    loss, terms = rl.grpo_loss(
+                        logp,
+                        old,
+                        ref,
+                        adv,
+                        mask,
+                        clip_eps=config.clip_eps,
+                        beta=config.beta,
+                        kl=config.kl,  # type: ignore[arg-type]
+                        aggregation=config.loss_aggregation,  # type: ignore[arg-type]
+                    )
+                else:
+                    loss, terms = rl.ppo_policy_loss(
+                        logp, old, adv, mask, clip_eps=config.clip_eps, aggregation=config.loss_aggregation
+                    )
+                    returns = _pad_rows(rows, "returns", width, models.device)
+                    old_values = _pad_rows(rows, "values", width, models.device)
+                    v_loss, v_terms = rl.value_loss(
+                        values[:, :width].float(), old_values, returns, mask, clip_eps=config.value_clip
+                    )
+                    loss = loss + config.vf_coef * v_loss
+                    terms = {**terms, **{f"value_{k}": v for k, v in v_terms.items()}, "value_loss": float(v_loss)}
+                entropy = rl.masked_mean(
+                    rl.entropy_from_logits(logits if config.entropy_coef else logits.detach()), mask
+                )
+                if config.entropy_coef:
+                    loss = loss - config.entropy_coef * entropy
+                (loss * share).backward()
+                logged["loss"] += float(loss.detach()) * share
+                logged["entropy"] += float(entropy.detach()) * share
+                for k, v in terms.items():
+                    logged[k] += float(v) * share
+            params = [p for g in models.optimizer.param_groups for p in g["params"]]
+            logged["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
+            models.optimizer.step()
+            count += 1
+    return {k: v / max(count, 1) for k, v in logged.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _batch(examples: list[Example], step: int, size: int, seed: int) -> list[Example]:
+    """The questions of ``step``: consecutive slices of one seeded shuffle per pass over the data."""
+    out = []
+    n = len(examples)
+    for j in range(step * size, (step + 1) * size):
+        epoch, at = divmod(j, n)
+        order = list(range(n))
+        random.Random(seed * 100_003 + epoch).shuffle(order)
+        out.append(examples[order[at]])
+    return out
+
+
+def _rollouts(task: Task, llm: Any, agent: Any, batch: list[Example], config: RLConfig, step: int) -> list[Trace]:
+    from sleuth.runner import run
+
+    copies = []
+    for q, example in enumerate(batch):
+        for g in range(config.group_size):
+            copy = Example.from_dict(example.to_dict())
+            copy.metadata["rl"] = {"group": f"{step}:{q}:{example.id}", "sample": g}
+            copies.append(copy)
+    sampling = dataclasses.replace(agent.sampling, seed=config.seed * 1_000_003 + step)
+    agent = dataclasses.replace(agent, sampling=sampling)
+    return run(task.method, copies, task.context(llm, agent), concurrency=config.concurrency, progress=False)
+
+
+def _plot(log: list[dict[str, Any]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = [k for k in ("reward", "kl", "entropy", "response_tokens", "searches") if any(k in r for r in log)]
+    keys += sorted({k for r in log for k in r if k.startswith("reward/")})
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.8), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _read_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_online(config: RLConfig, task: Task, examples: list[Example], log_name: str = "rl") -> dict[str, Any]:
+    """Run ``config.steps`` RL steps of ``task`` over ``examples`` (module doc); resumable; returns the summary."""
+    import torch
+
+    from sleuth.llm.hf import HFLLM
+    from sleuth.train.mdpo import _resolve_model
+    from sleuth.train.tokens import tokenize_chat
+
+    config.validate()
+    if not examples:
+        raise ValueError("no training questions")
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = out / "checkpoint"
+    resume = checkpoint if (checkpoint / "state.json").exists() else None
+    start = json.loads((checkpoint / "state.json").read_text())["step"] if resume else 0
+    log_path = out / LOG_FILE
+    log = [r for r in _read_log(log_path) if r["step"] < start]  # steps after the checkpoint are redone
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in log))
+    random.seed(config.seed + start)
+    torch.manual_seed(config.seed + start)
+    base = _resolve_model(config.model)
+    models = _Models(config, base, resume)
+    llm = HFLLM.from_model(models.policy, models.tokenizer)
+    agent = task.agent_config(config)
+    started_all = time.perf_counter()
+    for step in range(start, config.steps):
+        t0 = time.perf_counter()
+        if config.warmup_steps:
+            for group, lr in zip(models.optimizer.param_groups, models.base_lrs, strict=True):
+                group["lr"] = lr * min(1.0, (step + 1) / config.warmup_steps)
+        models.policy.eval()
+        batch = _batch(examples, step, config.prompts_per_step, config.seed)
+        traces = _rollouts(task, llm, agent, batch, config, step)
+        t_rollout = time.perf_counter() - t0
+        episodes = task.episodes(traces)
+        failed = 0
+        usable = []
+        for e in episodes:
+            if e.messages is None:
+                failed += 1
+                continue
+            chat = tokenize_chat(models.tokenizer, e.messages, max_length=config.max_length)
+            if not chat.model_tokens:
+                failed += 1
+                continue
+            e.input_ids, e.mask = chat.input_ids, chat.model_mask
+            usable.append(e)
+        entry: dict[str, Any] = {"step": step}
+        rewards = [e.reward for e in episodes]
+        entry["reward"] = sum(rewards) / max(len(rewards), 1)
+        for key in sorted({k for e in episodes for k in e.components}):
+            values = [e.components[key] for e in episodes if key in e.components]
+            entry[f"reward/{key}"] = sum(values) / len(values)
+        entry["failed"] = failed
+        entry["searches"] = sum(e.searches for e in episodes) / max(len(episodes), 1)
+        entry["response_tokens"] = sum(sum(e.mask or []) for e in usable) / max(len(usable), 1)
+        if usable:
+            models.policy.train()
+            stats = _rollout_stats(models, usable, config)
+            entry.update(_advantages(usable, stats, config))
+            entry.update(_update(models, usable, stats, config))
+        entry["seconds"] = round(time.perf_counter() - t0, 2)
+        entry["rollout_seconds"] = round(t_rollout, 2)
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        log.append(entry)
+        if config.progress:
+            print(
+                f"[{log_name}] step {step + 1}/{config.steps} reward {entry['reward']:.3f} "
+                f"kl {entry.get('kl', 0):.4f} tokens {entry['response_tokens']:.0f} {entry['seconds']:.0f}s",
+                flush=True,
+            )
+        if (step + 1) % config.save_steps == 0 or step + 1 == config.steps:
+            models.save_checkpoint(checkpoint, step + 1, config)
+    models.policy.eval()
+    final = out / "model"
+    if not (final / "config.json").exists():
+        models.save_final(final, config)
+    _plot(log, out / "curves.png")
+    summary = {
+        "model": str(final),
+        "steps": len(log),
+        "first": log[0] if log else None,
+        "last": log[-1] if log else None,
+        "seconds": time.perf_counter() - started_all,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary

@@ -1,0 +1,199 @@
+"""The online RL loop (sleuth.train.online_rl) on a tiny random model: what an update changes and what it must not,
+state masking on a real chat template, resumption after a kill."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sleuth.agents import Context
+from sleuth.agents.baselines import DirectConfig
+from sleuth.llm import Sampling
+from sleuth.records import Example, Trace
+from sleuth.train import online_rl
+from sleuth.train.online_rl import Episode, RLConfig, Task, train_online
+
+
+class DirectTask(Task):
+    """The `direct` agent with a reward computed from its answer by ``score`` (a fixed rule: isolates the loop)."""
+
+    method = "direct"
+
+    def __init__(self, score: Callable[[Trace], float]) -> None:
+        self.score = score
+
+    def agent_config(self, config: RLConfig) -> Any:
+        return DirectConfig(
+            sampling=Sampling(temperature=config.temperature, top_p=config.top_p, max_new_tokens=6),
+        )
+
+    def context(self, llm: Any, agent_config: Any) -> Context:
+        return Context(llm=llm, retriever=None, config=agent_config)
+
+    def episodes(self, traces: list[Trace]) -> list[Episode]:
+        out = []
+        for trace in traces:
+            step = trace.steps[-1]
+            messages = [*(step.messages or []), {"role": "assistant", "content": step.output or ""}]
+            reward = self.score(trace)
+            out.append(
+                Episode(
+                    group=trace.example.metadata["rl"]["group"],
+                    messages=messages,
+                    reward=reward,
+                    components={"score": reward},
+                )
+            )
+        return out
+
+
+def _examples(n: int = 3) -> list[Example]:
+    return [Example(id=f"q{i}", question=f"Who wrote book {i}?", answers=["Ann"]) for i in range(n)]
+
+
+def _config(tmp_path: Path, tiny_model_dir: Path, **overrides: Any) -> RLConfig:
+    config = RLConfig(
+        model=str(tiny_model_dir),
+        output_dir=str(tmp_path / "rl"),
+        steps=1,
+        prompts_per_step=2,
+        group_size=3,
+        micro_batch=2,
+        learning_rate=1e-2,
+        critic_learning_rate=1e-2,
+        temperature=1.0,
+        save_steps=1,
+        progress=False,
+    )
+    return dataclasses.replace(config, **overrides)
+
+
+def _params(path: Path) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+
+
+def test_equal_rewards_give_zero_advantages_and_leave_the_policy_unchanged(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    import torch
+
+    config = _config(tmp_path, tiny_model_dir, beta=0.0)
+    train_online(config, DirectTask(lambda t: 1.0), _examples())
+    log = [json.loads(line) for line in (tmp_path / "rl" / "log.jsonl").read_text().splitlines()]
+    assert log[0]["advantage_abs"] == 0.0 and log[0]["reward"] == 1.0
+    before, after = _params(tiny_model_dir), _params(tmp_path / "rl" / "model")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_different_rewards_change_the_policy_and_log_every_term(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+
+    config = _config(tmp_path, tiny_model_dir, beta=0.04, kl="arena")
+    summary = train_online(config, DirectTask(lambda t: float(len(t.answer or "") % 3)), _examples())
+    before, after = _params(tiny_model_dir), _params(tmp_path / "rl" / "model")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    last = summary["last"]
+    for key in ("reward", "reward/score", "kl", "entropy", "clip_fraction", "grad_norm", "response_tokens"):
+        assert key in last, key
+    assert last["advantage_abs"] > 0 and (tmp_path / "rl" / "curves.png").exists()
+
+
+def test_ppo_with_a_value_head_updates_policy_and_critic(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+
+    config = _config(
+        tmp_path,
+        tiny_model_dir,
+        algorithm="ppo",
+        group_size=1,
+        prompts_per_step=3,
+        kl_coef=0.001,
+        kl="k1",
+        entropy_coef=0.001,
+        mini_batches=2,
+    )
+    summary = train_online(config, DirectTask(lambda t: float(len(t.answer or "") % 2)), _examples())
+    head = torch.load(tmp_path / "rl" / "checkpoint" / "value_head.pt", weights_only=True)
+    assert float(head["bias"].abs()) > 0  # the critic (initialised at zero) learned something
+    assert "value_loss" in summary["last"] and summary["last"]["grad_norm"] > 0
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_run_resumes_from_its_checkpoint(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _config(tmp_path, tiny_model_dir, steps=3)
+    calls = {"n": 0}
+
+    def score(trace: Trace) -> float:
+        return float(len(trace.answer or "") % 2)
+
+    class Dying(DirectTask):
+        def episodes(self, traces: list[Trace]) -> list[Episode]:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise Killed  # during the third step, after the checkpoint of step 2
+            return super().episodes(traces)
+
+    with pytest.raises(Killed):
+        train_online(config, Dying(score), _examples())
+    state = json.loads((tmp_path / "rl" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 2
+    seen: list[list[str]] = []
+    real = online_rl._batch
+
+    def recorded(*args: Any, **kwargs: Any) -> list[Example]:
+        batch = real(*args, **kwargs)
+        seen.append([e.id for e in batch])
+        return batch
+
+    monkeypatch.setattr(online_rl, "_batch", recorded)
+    summary = train_online(config, DirectTask(score), _examples())
+    assert len(seen) == 1 and seen[0] == [e.id for e in real(_examples(), 2, 2, config.seed)]  # only step 3 ran
+    steps = [json.loads(line)["step"] for line in (tmp_path / "rl" / "log.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2] and summary["steps"] == 3
+
+
+def test_batches_cover_the_data_before_repeating() -> None:
+    examples = _examples(5)
+    ids = [e.id for step in range(5) for e in online_rl._batch(examples, step, 2, seed=1)]
+    assert sorted(ids[:5]) == sorted(e.id for e in examples)  # the first pass sees every question once
+    assert online_rl._batch(examples, 3, 2, seed=1) == online_rl._batch(examples, 3, 2, seed=1)
+
+
+def test_observation_tokens_do_not_enter_the_loss(tiny_model_dir: Path) -> None:
+    """State masking on a real chat template: log-probs at observation positions can be anything."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from sleuth.train import rl
+    from sleuth.train.tokens import tokenize_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    segments = [
+        {"source": "model", "text": "<query>who wrote it</query>"},
+        {"source": "observation", "text": "\n<information>Doc 1 Ann wrote it.</information>\n"},
+        {"source": "model", "text": "<search_complete>True</search_complete>"},
+    ]
+    chat = tokenize_chat(tokenizer, [{"role": "user", "content": "Q"}, {"role": "assistant", "segments": segments}])
+    mask = torch.tensor([chat.model_mask[1:]], dtype=torch.float32)
+    torch.manual_seed(0)
+    logp = -torch.rand(mask.shape)
+    old = logp.detach() - 0.05
+    ref = logp.detach() + 0.1
+    adv = torch.tensor([1.5])
+    loss, _ = rl.grpo_loss(logp, old, ref, adv, mask, beta=0.04, kl="arena", aggregation="token-mean")
+    noisy = torch.where(mask > 0, logp, logp - 5 * torch.rand(mask.shape))
+    loss_noisy, _ = rl.grpo_loss(noisy, old, ref, adv, mask, beta=0.04, kl="arena", aggregation="token-mean")
+    assert float(loss) == pytest.approx(float(loss_noisy))
+    assert 0 < mask.sum() < mask.numel()
