@@ -18,7 +18,7 @@ The scale is tiny next to the paper's (hundreds of questions instead of 180K SFT
 135M model), so learning rates are raised and batches shrunk (flags below); the point is the direction of the
 curve and whether each stage's change is distinguishable from noise, not the paper's numbers.
 
-    python benchmarks/learn_acesearcher.py            # roughly 45 minutes on 2 CPU cores (an estimate)
+    python benchmarks/learn_acesearcher.py            # about 45-60 minutes on 2 CPU cores
     python benchmarks/learn_acesearcher.py --smoke    # tiny random model, a handful of questions, 1-2 steps
 """
 
@@ -86,6 +86,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "dpo_batch": 2,
             "dev_questions": 1,
             "k": 2,
+            "total_passages": 4,
             "tokens": {"decompose": 16, "subanswer": 6, "final": 12},
         }
     return {
@@ -100,18 +101,19 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "sft_questions": args.sft_questions,
         "sft_steps": -1,
         "sft_lr": args.sft_lr,
-        "sft_batch": 16,
-        "max_length": 1536,
+        "sft_batch": 8,
+        "max_length": 1024,
         "rft_questions": args.rft_questions,
-        "decompositions": 3,
-        "solutions": 4,
+        "decompositions": args.decompositions,
+        "solutions": args.solutions,
         "iterations": args.iterations,
         "dpo_steps": -1,
         "dpo_lr": args.dpo_lr,
-        "dpo_batch": 16,
+        "dpo_batch": 8,
         "dev_questions": 0,
-        "k": 5,
-        "tokens": {"decompose": 64, "subanswer": 16, "final": 64},
+        "k": args.k,
+        "total_passages": args.total_passages,
+        "tokens": {"decompose": 48, "subanswer": 12, "final": 48},
     }
 
 
@@ -146,6 +148,7 @@ def run_sft(base: Path, world: Path, out: Path, s: dict[str, Any], agent: Any, s
         per_device_batch_size=4,
         max_steps=s["sft_steps"],
         max_length=s["max_length"],
+        context_passages=s["k"],  # as many passages as the agent retrieves per sub-question
         save_steps=100,
         logging_steps=5,
         seed=seed,
@@ -288,11 +291,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-acesearcher)")
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--test-questions", type=int, default=100)
-    parser.add_argument("--sft-questions", type=int, default=150, help="training questions turned into SFT records")
-    parser.add_argument("--rft-questions", type=int, default=30, help="training questions sampled per mDPO iteration")
+    parser.add_argument("--test-questions", type=int, default=60)
+    parser.add_argument("--sft-questions", type=int, default=40, help="training questions turned into SFT records")
+    parser.add_argument("--rft-questions", type=int, default=12, help="training questions sampled per mDPO iteration")
+    parser.add_argument("--decompositions", type=int, default=2, help="m (paper: 3)")
+    parser.add_argument("--solutions", type=int, default=3, help="m' (paper: 4)")
     parser.add_argument("--iterations", type=int, default=2)
-    parser.add_argument("--sft-lr", type=float, default=5e-5, help="paper: 5e-6 (1.5B, 180K records)")
+    parser.add_argument("--k", type=int, default=3, help="passages per sub-question (paper: 10)")
+    parser.add_argument("--total-passages", type=int, default=6, help="N, the final call's passage budget (paper: 15)")
+    parser.add_argument("--sft-lr", type=float, default=1e-4, help="paper: 5e-6 (1.5B, 180K records)")
     parser.add_argument("--dpo-lr", type=float, default=5e-6, help="paper: 1e-6 (1.5B, 49K prompts)")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
@@ -320,6 +327,7 @@ def main() -> None:
     tokens = s["tokens"]
     agent = AceSearcherConfig(
         k=s["k"],
+        total_passages=s["total_passages"],
         max_subquestions=4,
         sampling=Sampling(temperature=0.0, max_new_tokens=max(tokens.values())),
         decompose_max_new_tokens=tokens["decompose"],
@@ -332,7 +340,13 @@ def main() -> None:
     seconds: dict[str, float] = {}
 
     def measure(stage: str, model: Path) -> None:
-        result = evaluate(model, test, args.index, agent, args.llm_options)
+        cached = work / "eval" / f"{stage}.json"  # a rerun after a kill skips the stages already measured
+        if cached.exists():
+            result = json.loads(cached.read_text())
+        else:
+            result = evaluate(model, test, args.index, agent, args.llm_options)
+            cached.parent.mkdir(exist_ok=True)
+            cached.write_text(json.dumps(result) + "\n")
         stages.append(
             {
                 "stage": stage,
@@ -343,7 +357,7 @@ def main() -> None:
                 "seconds": result["seconds"],
             }
         )
-        print(f"{stage}: EM {100 * stages[-1]['em']['mean']:.1f} on {len(test)} test questions")
+        print(f"{stage}: EM {100 * stages[-1]['em']['mean']:.1f} on {len(test)} test questions", flush=True)
 
     base = base_model(args, work)
     measure("base", base)

@@ -84,13 +84,13 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         },
         "warmup_synth": args.warmup_questions,
         "fireact_limit": args.fireact,
-        "warmup_epochs": 1,
+        "warmup_epochs": 2,
         "warmup_lr": args.warmup_lr,
         "em_questions": args.em_questions,
         "samples": 2,
         "iterations": args.iterations,
         "em_lr": args.em_lr,
-        "em_epochs": 2,
+        "em_epochs": 1,
         "batch": 8,
         "max_steps": -1,
         "k": 2,
@@ -281,11 +281,11 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--test-questions", type=int, default=60)
-    parser.add_argument("--warmup-questions", type=int, default=150, help="gold synthetic warm-up trajectories")
-    parser.add_argument("--fireact", type=int, default=100, help="FireAct warm-up trajectories (0: none)")
-    parser.add_argument("--em-questions", type=int, default=40, help="training questions per E-step")
+    parser.add_argument("--warmup-questions", type=int, default=40, help="gold synthetic warm-up trajectories")
+    parser.add_argument("--fireact", type=int, default=20, help="FireAct warm-up trajectories (0: none)")
+    parser.add_argument("--em-questions", type=int, default=24, help="training questions per E-step")
     parser.add_argument("--iterations", type=int, default=1)
-    parser.add_argument("--warmup-lr", type=float, default=5e-5, help="paper: 2e-6 (3B-24B, 1,000 trajectories)")
+    parser.add_argument("--warmup-lr", type=float, default=1e-4, help="paper: 2e-6 (3B-24B, 1,000 trajectories)")
     parser.add_argument("--em-lr", type=float, default=3e-5, help="paper: 2e-6")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     args = parser.parse_args()
