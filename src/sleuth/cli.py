@@ -466,5 +466,37 @@ def train_exsearch_command(
     console.print(json.dumps(summary, indent=2, default=str)[:4000])
 
 
+@train_app.command("arena")
+def train_arena_command(
+    config: Annotated[Path, typer.Option(help="ARENA GRPO config (YAML/JSON); see configs/arena_grpo.yaml.")],
+    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+) -> None:
+    """ARENA: GRPO of the evidence-citing reader (format + EM + relevance + bonus rewards, KL to the start)."""
+    from sleuth.train.arena_rl import main
+    from sleuth.train.config import ConfigError
+
+    try:
+        summary = main(config, _options(option))
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(json.dumps(summary, indent=2, default=str)[:4000])
+
+
+@train_app.command("s3")
+def train_s3_command(
+    config: Annotated[Path, typer.Option(help="s3 RL config (YAML/JSON); see configs/s3_ppo.yaml.")],
+    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+) -> None:
+    """s3: train the searcher by PPO or GRPO on Gain Beyond RAG; the generator stays frozen."""
+    from sleuth.train.config import ConfigError
+    from sleuth.train.s3_rl import main
+
+    try:
+        summary = main(config, _options(option))
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(json.dumps(summary, indent=2, default=str)[:4000])
+
+
 if __name__ == "__main__":
     app()

@@ -844,7 +844,9 @@ def prepare_data(config: MDPOConfig, need_index: bool = True) -> tuple[list[Exam
         _log(config, f"generating a synthetic world in {data}")
         synthesize(data, **config.synth)
     train_file = config.train_file or (str(data / "train.jsonl") if data else "")
-    dev_file = config.dev_file or (str(data / "dev.jsonl") if data else "")
+    dev_file = getattr(config, "dev_file", "") or (
+        str(data / "dev.jsonl") if data and hasattr(config, "dev_file") else ""
+    )
     corpus = config.corpus or (str(data / "corpus.jsonl") if data else "")
     if not train_file:
         raise ValueError("mdpo needs training questions: set train_file or data_dir")
@@ -859,7 +861,11 @@ def prepare_data(config: MDPOConfig, need_index: bool = True) -> tuple[list[Exam
             _log(config, f"building a BM25 index of {corpus} in {index_dir}")
             build_bm25_index(corpus, index_dir)
         index = str(index_dir)
-    return _read_examples(train_file, config.train_limit), _read_examples(dev_file, config.dev_limit), index
+    return (
+        _read_examples(train_file, config.train_limit),
+        _read_examples(dev_file, getattr(config, "dev_limit", None)),
+        index,
+    )
 
 
 def _default_llm_factory(config: MDPOConfig) -> Callable[[Path], LLM]:

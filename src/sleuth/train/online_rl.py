@@ -362,7 +362,11 @@ def _update(models: _Models, episodes: list[Episode], stats: list[dict[str, Any]
                         values[:, :width].float(), old_values, returns, mask, clip_eps=config.value_clip
                     )
                     loss = loss + config.vf_coef * v_loss
-                    terms = {**terms, **{f"value_{k}": v for k, v in v_terms.items()}, "value_loss": float(v_loss)}
+                    terms = {
+                        **terms,
+                        **{f"value_{k}": v for k, v in v_terms.items()},
+                        "value_loss": float(v_loss.detach()),
+                    }
                 entropy = rl.masked_mean(
                     rl.entropy_from_logits(logits if config.entropy_coef else logits.detach()), mask
                 )

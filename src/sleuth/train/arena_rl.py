@@ -1,0 +1,158 @@
+"""ARENA training: GRPO of the evidence-citing reader with adaptive rewards (Ren et al., arXiv 2505.13258, §3.2;
+digest ``research/arena.md`` §4 and §6).
+
+``sleuth train arena --config configs/arena_grpo.yaml``. Questions with given references (HotpotQA, 2Wiki, MuSiQue
+train files: their paragraphs, in their original order, numbered as the ``arena`` agent numbers them) are answered
+``group_size`` (G = 7) times each by the ``arena`` agent sampling from the live policy (T = 0.9, 256 new tokens);
+each completion earns format + accuracy (EM; F1 as the paper's variant) + relevance (1 for exactly the supporting
+references, 0.5 for an overlap, 0 otherwise) + a bonus of 10 when all three are full
+(:mod:`sleuth.train.rewards`); advantages are group-normalised (unbiased std, eps 1e-4 as the code), the loss is the
+clipped surrogate plus beta * KL to the initial policy with ARENA's squared log-ratio (``kl: k3`` for the standard
+GRPO estimator), averaged over tokens as the released trainer does. LoRA is supported (the reference is then the
+base model with the adapter disabled). The loop, its log, checkpoints and resume: :mod:`sleuth.train.online_rl`.
+
+Examples without supporting passages among their references cannot be scored for relevance and are left out
+(counted in ``OUT/data_summary.json``), as are examples without references.
+
+>>> summary = train_arena(load_config(ArenaRLConfig, "configs/arena_grpo.yaml"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sleuth.agents import Context
+from sleuth.agents.arena import ArenaConfig
+from sleuth.agents.base import parse_options
+from sleuth.llm import Sampling
+from sleuth.records import Example, Trace
+from sleuth.train.config import ConfigError, load_config, to_mapping
+from sleuth.train.online_rl import Episode, RLConfig, Task, train_online
+
+__all__ = ["ArenaRLConfig", "ArenaTask", "load_arena_examples", "main", "relevant_numbers", "train_arena"]
+
+
+@dataclass
+class ArenaRLConfig(RLConfig):
+    """Options of ``sleuth train arena`` (defaults: the paper / released code, research/arena.md §6.3)."""
+
+    output_dir: str = "runs/arena-grpo"
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    group_size: int = 7
+    prompts_per_step: int = 256  # paper: 256 prompts per optimizer step
+    steps: int = 95  # 24,500 prompts / 256
+    learning_rate: float = 3e-6
+    warmup_steps: int = 10  # code: warmup_ratio 0.1 of ~95 steps
+    beta: float = 0.04
+    kl: str = "arena"
+    adv_eps: float = 1e-4
+    loss_aggregation: str = "token-mean"
+    temperature: float = 0.9
+    top_p: float = 1.0
+    seed: int = 42
+    train_files: list[str] = field(default_factory=list)
+    train_limit: int | None = None  # questions per file
+    format: str | None = None
+    agent: ArenaConfig = field(default_factory=lambda: ArenaConfig(sampling=Sampling(max_new_tokens=256)))
+    accuracy: Literal["em", "f1"] = "em"
+    bonus: float = 10.0
+
+    def validate(self) -> None:
+        super().validate()
+        if self.accuracy not in ("em", "f1"):
+            raise ValueError(f"accuracy={self.accuracy!r}; expected 'em' or 'f1'")
+        if not self.train_files:
+            raise ValueError("train_files is empty: give ARENA training files with references")
+
+
+def relevant_numbers(trace: Trace) -> set[int]:
+    """The 1-based numbers, as the agent showed them, of the references that support the answer."""
+    supporting = set(trace.example.supporting_ids)
+    return {i for i, pid in enumerate(trace.meta.get("reference_ids") or [], 1) if pid in supporting}
+
+
+class ArenaTask(Task):
+    method = "arena"
+
+    def __init__(self, config: ArenaRLConfig) -> None:
+        self.config = config
+
+    def agent_config(self, config: RLConfig) -> Any:
+        agent = self.config.agent
+        sampling = dataclasses.replace(agent.sampling, temperature=config.temperature, top_p=config.top_p)
+        return dataclasses.replace(agent, sampling=sampling)
+
+    def context(self, llm: Any, agent_config: Any) -> Context:
+        return Context(llm=llm, retriever=None, config=agent_config)
+
+    def episodes(self, traces: list[Trace]) -> list[Episode]:
+        from sleuth.train.rewards import arena_reward
+
+        out = []
+        for trace in traces:
+            group = trace.example.metadata["rl"]["group"]
+            step = next((s for s in reversed(trace.steps) if s.messages is not None), None)
+            if trace.error or step is None or step.output is None:
+                out.append(Episode(group=group, messages=None, reward=0.0, components={}))
+                continue
+            scores = arena_reward(
+                step.output,
+                trace.example.answers,
+                relevant_numbers(trace),
+                accuracy=self.config.accuracy,
+                bonus=self.config.bonus,
+            )
+            components = {k: float(v) for k, v in scores.items() if k != "total"}
+            messages = [*step.messages, {"role": "assistant", "content": step.output}]
+            out.append(Episode(group=group, messages=messages, reward=float(scores["total"]), components=components))
+        return out
+
+
+def load_arena_examples(
+    files: Sequence[str], limit: int | None = None, format: str | None = None
+) -> tuple[list[Example], dict[str, Any]]:
+    """Training questions with references and at least one supporting reference; the rest counted per file."""
+    from sleuth.data import load_examples
+
+    kept: list[Example] = []
+    report: dict[str, Any] = {}
+    for path in files:
+        skipped: Counter[str] = Counter()
+        examples = load_examples(path, format=format, limit=limit)
+        for example in examples:
+            ids = {p.id for p in example.context}
+            if not example.context:
+                skipped["no_references"] += 1
+            elif not ids & set(example.supporting_ids):
+                skipped["no_supporting_reference"] += 1
+            elif not example.answers:
+                skipped["no_answer"] += 1
+            else:
+                kept.append(example)
+        report[str(path)] = {"loaded": len(examples), "kept": len(examples) - sum(skipped.values()), **skipped}
+    return kept, report
+
+
+def train_arena(config: ArenaRLConfig) -> dict[str, Any]:
+    config.validate()
+    examples, report = load_arena_examples(config.train_files, config.train_limit, config.format)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_mapping(config), indent=2, default=str) + "\n")
+    (out / "data_summary.json").write_text(json.dumps(report, indent=2) + "\n")
+    return train_online(config, ArenaTask(config), examples, log_name="arena")
+
+
+def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[str] | None = None) -> dict[str, Any]:
+    """``sleuth train arena --config cfg.yaml [--set key=value]``."""
+    try:
+        options = parse_options(overrides)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return train_arena(load_config(ArenaRLConfig, config_path, options))

@@ -1,0 +1,184 @@
+"""The ARENA GRPO and s3 trainers end to end on a tiny random model: data preparation, rewards in the log, the
+cached naive-RAG baseline, the s3 filter, masks of a real s3 trajectory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sleuth.agents.arena import ArenaConfig
+from sleuth.agents.s3 import S3Config
+from sleuth.llm import Sampling
+from sleuth.records import Example, Passage, Trace
+from sleuth.train.arena_rl import ArenaRLConfig, load_arena_examples, relevant_numbers, train_arena
+from sleuth.train.s3_rl import S3RLConfig, train_s3, trajectory_messages
+from tests.scripted import ListRetriever, ScriptedLLM
+
+PASSAGES = [
+    Passage(id="a", title="Ann", text="Ann lives in Rome."),
+    Passage(id="b", title="Bob", text="Bob lives in Oslo."),
+    Passage(id="c", title="Paris", text="Paris is in France."),
+]
+
+
+def _write(path: Path, examples: list[Example]) -> str:
+    path.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in examples))
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------------ ARENA
+
+
+def _arena_examples() -> list[Example]:
+    return [
+        Example(id="e1", question="Where does Ann live?", answers=["Rome"], context=PASSAGES, supporting_ids=["a"]),
+        Example(id="e2", question="Where does Bob live?", answers=["Oslo"], context=PASSAGES, supporting_ids=["b"]),
+        Example(id="e3", question="Where is Paris?", answers=["France"], context=PASSAGES, supporting_ids=["zz"]),
+    ]
+
+
+def test_arena_examples_without_supporting_references_are_counted(tmp_path: Path) -> None:
+    path = _write(tmp_path / "train.jsonl", _arena_examples())
+    kept, report = load_arena_examples([path])
+    assert [e.id for e in kept] == ["e1", "e2"] and report[path]["no_supporting_reference"] == 1
+
+
+def test_relevant_numbers_follow_the_agents_numbering() -> None:
+    example = Example(id="x", question="q", answers=["a"], supporting_ids=["c", "a"])
+    trace = Trace(example=example, method="arena", meta={"reference_ids": ["a", "b", "c"]})
+    assert relevant_numbers(trace) == {1, 3}
+
+
+def test_arena_grpo_step_on_a_tiny_model(tmp_path: Path, tiny_model_dir: Path) -> None:
+    config = ArenaRLConfig(
+        model=str(tiny_model_dir),
+        output_dir=str(tmp_path / "arena"),
+        train_files=[_write(tmp_path / "train.jsonl", _arena_examples())],
+        steps=2,
+        prompts_per_step=2,
+        group_size=3,
+        warmup_steps=0,
+        micro_batch=3,
+        learning_rate=1e-3,
+        save_steps=1,
+        progress=False,
+        agent=ArenaConfig(sampling=Sampling(max_new_tokens=8)),
+    )
+    summary = train_arena(config)
+    log = [json.loads(line) for line in (tmp_path / "arena" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0, 1] and summary["steps"] == 2
+    for key in ("reward/format", "reward/accuracy", "reward/relevance", "reward/bonus", "kl", "entropy"):
+        assert key in log[-1], key
+    assert (tmp_path / "arena" / "model" / "config.json").exists()
+    assert json.loads((tmp_path / "arena" / "data_summary.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------------ s3
+
+
+def _generator() -> ScriptedLLM:
+    """A frozen 'generator' that answers Paris/France questions from a context that mentions Paris."""
+
+    def respond(prompt: str) -> str:
+        return "France" if "Paris is in France" in prompt and "Paris" in prompt.split("Question")[-1] else "unknown"
+
+    return ScriptedLLM(respond)
+
+
+def _s3_examples() -> list[Example]:
+    return [
+        Example(id="s1", question="Where is Paris?", answers=["France"]),  # naive RAG answers it: filtered out
+        Example(id="s2", question="Where does Carl live?", answers=["Lima"]),
+        Example(id="s3", question="Is Ann in Rome?", answers=["yes"]),  # yes/no: filtered out
+        Example(id="s4", question="Where does Dana live?", answers=["Quito"]),
+    ]
+
+
+def _s3_config(tmp_path: Path, tiny_model_dir: Path, **overrides: Any) -> S3RLConfig:
+    config = S3RLConfig(
+        model=str(tiny_model_dir),
+        output_dir=str(tmp_path / "s3"),
+        train_file=_write(tmp_path / "train.jsonl", _s3_examples()),
+        index="list",
+        steps=1,
+        prompts_per_step=2,
+        micro_batch=2,
+        mini_batches=2,
+        learning_rate=1e-3,
+        critic_learning_rate=1e-3,
+        save_steps=1,
+        progress=False,
+        agent=S3Config(k=2, k_initial=3, max_turns=1, sampling=Sampling(max_new_tokens=8)),
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def test_s3_caches_the_naive_baseline_filters_and_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
+    generator = _generator()
+    config = _s3_config(tmp_path, tiny_model_dir)
+    result = train_s3(config, generator=generator, retriever=ListRetriever(PASSAGES))
+    data = result["data"]
+    assert data["dropped"] == {"naive_rag_correct": 1, "yes_no_answer": 1} and data["kept"] == 2
+    assert data["cache"] == {"hits": 0, "misses": 4}
+    log = json.loads((tmp_path / "s3" / "log.jsonl").read_text().splitlines()[0])
+    for key in ("reward", "reward/acc_s3", "reward/acc_naive", "kl", "value_loss", "searches"):
+        assert key in log, key
+    rows = (tmp_path / "s3" / "naive_rag_cache.jsonl").read_text().splitlines()
+    assert len(rows) == 4
+
+    # a second run (more steps) reuses the cached baselines: the generator never sees a naive-RAG prompt again
+    again = _generator()
+    config = _s3_config(tmp_path, tiny_model_dir, steps=2)
+    result = train_s3(config, generator=again, retriever=ListRetriever(PASSAGES))
+    assert result["data"]["cache"]["misses"] == 0 and result["data"]["cache"]["hits"] == 4
+    assert len((tmp_path / "s3" / "naive_rag_cache.jsonl").read_text().splitlines()) == 4
+    steps = [json.loads(line)["step"] for line in (tmp_path / "s3" / "log.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]  # resumed at step 1 from the first run's checkpoint
+
+
+def test_s3_trajectory_masks_the_retrieved_documents(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from sleuth.train.tokens import tokenize_chat
+
+    transcript = [
+        {"source": "model", "text": "<query>Carl home</query>"},
+        {"source": "observation", "text": "\n\n<information>Doc 1(Title: Ann) Ann lives in Rome.</information>\n\n"},
+        {"source": "model", "text": "<important_info>[1]</important_info><search_complete>True</search_complete>"},
+    ]
+    trace = Trace(
+        example=Example(id="x", question="q", answers=["a"]),
+        method="s3",
+        meta={"searcher_prompt": "PROMPT", "transcript": transcript},
+    )
+    messages = trajectory_messages(trace)
+    assert messages is not None
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    chat = tokenize_chat(tokenizer, messages)
+    written = tokenizer.decode([t for t, m in zip(chat.input_ids, chat.model_mask, strict=True) if m])
+    assert "Ann lives in Rome" not in written and "PROMPT" not in written
+    assert written.startswith("<query>Carl home</query>") and written.endswith("</search_complete><|im_end|>")
+    empty = Trace(
+        example=trace.example, method="s3", meta={"searcher_prompt": "PROMPT", "transcript": transcript[1:2]}
+    )
+    assert trajectory_messages(empty) is None
+
+
+def test_configs_load_and_validate() -> None:
+    from sleuth.train.config import load_config
+
+    repo = Path(__file__).resolve().parents[1]
+    arena = load_config(ArenaRLConfig, repo / "configs" / "arena_grpo.yaml", {"group_size": "5"})
+    arena.validate()
+    assert arena.group_size == 5 and arena.kl == "arena" and arena.agent.sampling.max_new_tokens == 256
+    s3 = load_config(S3RLConfig, repo / "configs" / "s3_ppo.yaml", {"algorithm": "grpo", "group_size": "4"})
+    s3.validate()
+    assert s3.algorithm == "grpo" and s3.kl_coef == 0.001 and s3.agent.k == 8
+    s3.group_size = 1
+    with pytest.raises(ValueError, match="group_size"):
+        s3.validate()
