@@ -72,7 +72,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
                 "dev_questions": 2,
                 "test_questions": 4,
             },
-            "sft_questions": 4,
+            "sft_questions": {"decompose": 4, "context_qa": 4, "final": 4},
             "sft_steps": 2,
             "sft_lr": 1e-3,
             "sft_batch": 4,
@@ -98,7 +98,11 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "dev_questions": 100,
             "test_questions": args.test_questions,
         },
-        "sft_questions": args.sft_questions,
+        "sft_questions": {
+            "decompose": args.sft_decompose_questions,
+            "context_qa": args.sft_questions,
+            "final": args.sft_questions,
+        },
         "sft_steps": -1,
         "sft_lr": args.sft_lr,
         "sft_batch": 8,
@@ -113,7 +117,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "dev_questions": 0,
         "k": args.k,
         "total_passages": args.total_passages,
-        "tokens": {"decompose": 48, "subanswer": 12, "final": 48},
+        # the final call restates each sub-answer before <answer> (as the SFT records do): 48 tokens truncated
+        # 3-hop chains before the tag in the first run, so the budget is 128
+        "tokens": {"decompose": 64, "subanswer": 12, "final": 128},
     }
 
 
@@ -133,14 +139,14 @@ def run_sft(base: Path, world: Path, out: Path, s: dict[str, Any], agent: Any, s
     from sleuth.train.sft import SFTConfig, train_sft
 
     train = str(world / "train.jsonl")
-    limit = s["sft_questions"]
+    limit = s["sft_questions"]  # per competency: decompositions are short, context records are long and costly
     config = SFTConfig(
         model=str(base),
         output_dir=str(out),
         sources=[
-            {"path": train, "format": "synth", "kind": "decompose", "limit": limit},
-            {"path": train, "format": "synth", "kind": "context_qa", "steps": True, "limit": limit},
-            {"path": train, "format": "synth", "kind": "final", "limit": limit},
+            {"path": train, "format": "synth", "kind": "decompose", "limit": limit["decompose"]},
+            {"path": train, "format": "synth", "kind": "context_qa", "steps": True, "limit": limit["context_qa"]},
+            {"path": train, "format": "synth", "kind": "final", "limit": limit["final"]},
         ],
         val_fraction=0.0,
         lr=s["sft_lr"],
@@ -292,8 +298,13 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--test-questions", type=int, default=60)
-    parser.add_argument("--sft-questions", type=int, default=40, help="training questions turned into SFT records")
-    parser.add_argument("--rft-questions", type=int, default=12, help="training questions sampled per mDPO iteration")
+    parser.add_argument(
+        "--sft-questions", type=int, default=24, help="training questions turned into context-QA and final records"
+    )
+    parser.add_argument(
+        "--sft-decompose-questions", type=int, default=160, help="training questions turned into decomposition records"
+    )
+    parser.add_argument("--rft-questions", type=int, default=16, help="training questions sampled per mDPO iteration")
     parser.add_argument("--decompositions", type=int, default=2, help="m (paper: 3)")
     parser.add_argument("--solutions", type=int, default=3, help="m' (paper: 4)")
     parser.add_argument("--iterations", type=int, default=2)
@@ -316,6 +327,12 @@ def main() -> None:
     results_dir = args.results or (work / "results" if args.smoke else RESULTS)
     work.mkdir(parents=True, exist_ok=True)
     results_dir.mkdir(parents=True, exist_ok=True)
+    # resumption reuses the world, models and cached evals of the working directory: only with the same settings
+    stamp = work / "settings.json"
+    key = json.loads(json.dumps({**s, "index": args.index, "llm_options": args.llm_options}))
+    if stamp.exists() and json.loads(stamp.read_text()) != key:
+        raise SystemExit(f"{work} holds a run with other settings ({stamp}); remove it or pass --work DIR")
+    stamp.write_text(json.dumps(key, indent=2) + "\n")
     world = work / "world"
     if not (world / "world.json").exists():
         synthesize(world, **s["world"])
