@@ -103,6 +103,13 @@ def test_different_rewards_change_the_policy_and_log_every_term(tmp_path: Path, 
     for key in ("reward", "reward/score", "kl", "entropy", "clip_fraction", "grad_norm", "response_tokens"):
         assert key in last, key
     assert last["advantage_abs"] > 0 and (tmp_path / "rl" / "curves.png").exists()
+    from sleuth.train.rollouts import RolloutStore
+
+    steps = sorted((tmp_path / "rl" / "rollouts").iterdir())
+    assert [d.name for d in steps] == [f"step-{i:05d}" for i in range(config.steps)]
+    stored = list(RolloutStore(steps[-1]))
+    assert len(stored) == config.prompts_per_step * config.group_size
+    assert all(r.extra["reward"] == float(len(r.trace.answer or "") % 3) for r in stored)
 
 
 def test_ppo_with_a_value_head_updates_policy_and_critic(tmp_path: Path, tiny_model_dir: Path) -> None:

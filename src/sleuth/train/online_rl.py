@@ -21,7 +21,8 @@ becomes the training conversation (model-written text vs inserted observations) 
 Every step appends one line to ``OUT/log.jsonl`` (reward and its components, KL, entropy, clip fraction, response
 length in model tokens, searches per question, seconds); every ``save_steps`` the policy, value head, optimizer
 and step go to ``OUT/checkpoint`` (written to a temporary directory first, then renamed), from which a killed run
-resumes. At the end: ``OUT/model`` (LoRA merged) and ``OUT/curves.png``.
+resumes. Each step's traces, with reward and components, go to ``OUT/rollouts/step-NNNNN`` (the rollout store
+format of :mod:`sleuth.train.rollouts`). At the end: ``OUT/model`` (LoRA merged) and ``OUT/curves.png``.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class Task:
         raise NotImplementedError
 
     def episodes(self, traces: list[Trace]) -> list[Episode]:
-        """Conversation and reward of each finished trace (may call a frozen generator)."""
+        """Conversation and reward of each trace, one Episode per trace in order (may call a frozen generator)."""
         raise NotImplementedError
 
 
@@ -415,6 +416,28 @@ def _rollouts(task: Task, llm: Any, agent: Any, batch: list[Example], config: RL
     return run(task.method, copies, task.context(llm, agent), concurrency=config.concurrency, progress=False)
 
 
+def _store_rollouts(path: Path, task: Task, traces: list[Trace], episodes: list[Episode], step: int) -> None:
+    """The step's traces in the shared rollout store format, with reward and components in ``extra``. A step redone
+    after a resume replaces its directory, so the store always holds what the policy was trained on."""
+    from sleuth.train.rollouts import Rollout, RolloutStore
+
+    if path.exists():
+        shutil.rmtree(path)
+    store = RolloutStore(path, producer={"method": task.method, "step": step})
+    rows = []
+    for trace, episode in zip(traces, episodes, strict=True):
+        rl_meta = trace.example.metadata.get("rl") or {}
+        extra = {
+            "step": step,
+            "reward": episode.reward,
+            "components": episode.components,
+            "trained": bool(episode.messages),
+        }
+        group, sample = str(rl_meta.get("group", trace.example.id)), int(rl_meta.get("sample", 0))
+        rows.append(Rollout(f"{group}#{sample}", group, sample, trace, extra))
+    store.append(rows)
+
+
 def _plot(log: list[dict[str, Any]], path: Path) -> bool:
     try:
         import matplotlib
@@ -480,6 +503,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         traces = _rollouts(task, llm, agent, batch, config, step)
         t_rollout = time.perf_counter() - t0
         episodes = task.episodes(traces)
+        _store_rollouts(out / "rollouts" / f"step-{step:05d}", task, traces, episodes, step)
         failed = 0
         usable = []
         for e in episodes:
