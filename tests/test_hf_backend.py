@@ -132,6 +132,27 @@ def test_score_batched_equals_alone(llm: HFLLM) -> None:
     assert [s.logprob for s in run(together())] == pytest.approx(alone, abs=1e-4)
 
 
+def test_score_chunks_rows_to_bound_logits_memory(llm: HFLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget smaller than one row's logits scores every row in its own forward pass, in the caller's order."""
+    import sleuth.llm.hf as hf
+
+    rows = [
+        (llm.encode_prompt(p), llm.tokenizer(c, add_special_tokens=False)["input_ids"])
+        for p, c in [
+            ("The capital of France", " is Paris, a large city."),
+            ("a", " b"),
+            ("Who wrote Hamlet?", " Shakespeare"),
+        ]
+    ]
+    whole = llm._score_rows(rows)
+    calls = llm.stats.calls
+    monkeypatch.setattr(hf, "SCORE_LOGITS_BYTES", 1)
+    chunked = llm._score_rows(rows)
+    assert llm.stats.calls - calls == len(rows)
+    assert [s.logprob for s in chunked] == pytest.approx([s.logprob for s in whole], abs=1e-4)
+    assert [len(s.token_logprobs) for s in chunked] == [len(c) for _, c in rows]
+
+
 def test_chat_score_uses_generation_prompt(llm: HFLLM) -> None:
     messages = [{"role": "user", "content": "Who wrote Hamlet?"}]
     chat = run(llm.score(messages, "Shakespeare"))

@@ -31,6 +31,8 @@ from sleuth.llm.base import (
     truncate_at_stop,
 )
 
+SCORE_LOGITS_BYTES = 1 << 30  # per forward pass of score(): see HFLLM._score_rows
+
 
 @dataclass(frozen=True)
 class _Row:
@@ -218,6 +220,22 @@ class HFLLM(LLM):
         return await self._score_batcher.submit((prompt_ids, completion_ids))
 
     def _score_rows(self, rows: list[tuple[list[int], list[int]]]) -> list[Score]:
+        # full-vocabulary logits cost rows x width x vocab floats (32 rows of 1,500 tokens over SmolLM2's 49k
+        # vocabulary: 9 GB), so rows are scored in length-sorted chunks whose logits stay under SCORE_LOGITS_BYTES
+        vocab = int(getattr(self.model.config, "vocab_size", 0) or 50_000)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))
+        out: dict[int, Score] = {}
+        chunk: list[int] = []
+        for index in [*order, -1]:
+            width = len(rows[index][0]) + len(rows[index][1]) if index >= 0 else 0
+            if chunk and (index < 0 or (len(chunk) + 1) * width * vocab * 4 > SCORE_LOGITS_BYTES):
+                out.update(zip(chunk, self._score_chunk([rows[i] for i in chunk]), strict=True))
+                chunk = []
+            if index >= 0:
+                chunk.append(index)
+        return [out[i] for i in range(len(rows))]
+
+    def _score_chunk(self, rows: list[tuple[list[int], list[int]]]) -> list[Score]:
         import torch
 
         pad = self.tokenizer.pad_token_id
@@ -228,22 +246,23 @@ class HFLLM(LLM):
         for i, seq in enumerate(sequences):  # right padding: positions start at 0 for every row
             input_ids[i, : len(seq)] = torch.tensor(seq)
             attention[i, : len(seq)] = 1
+        scores = []
         with self._lock, torch.inference_mode():
             self.stats.calls += 1
             logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)).logits
-            logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
-        scores = []
-        for i, (prompt_ids, completion_ids) in enumerate(rows):
-            start = len(prompt_ids)
-            positions = torch.arange(start - 1, start - 1 + len(completion_ids))
-            values = logprobs[i, positions, torch.tensor(completion_ids)].tolist()
-            scores.append(
-                Score(
-                    logprob=float(sum(values)),
-                    token_logprobs=values,
-                    tokens=self.tokenizer.convert_ids_to_tokens(completion_ids),
+            for i, (prompt_ids, completion_ids) in enumerate(rows):
+                start = len(prompt_ids)
+                positions = torch.arange(start - 1, start - 1 + len(completion_ids), device=logits.device)
+                logprobs = torch.log_softmax(logits[i, positions].float(), dim=-1)  # the completion's rows only
+                targets = torch.tensor(completion_ids, device=logits.device)
+                values = logprobs[torch.arange(len(completion_ids), device=logits.device), targets].cpu().tolist()
+                scores.append(
+                    Score(
+                        logprob=float(sum(values)),
+                        token_logprobs=values,
+                        tokens=self.tokenizer.convert_ids_to_tokens(completion_ids),
+                    )
                 )
-            )
         return scores
 
     def describe(self) -> dict[str, Any]:
