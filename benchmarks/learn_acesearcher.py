@@ -161,10 +161,27 @@ def run_sft(base: Path, world: Path, out: Path, s: dict[str, Any], agent: Any, s
         gradient_checkpointing=False,
         agent=agent,
     )
-    started = time.perf_counter()
     if not (out / "config.json").exists():  # the final model is saved last; a killed run resumes its checkpoints
         train_sft(config)
-    return out, time.perf_counter() - started
+    return out, _sft_runtime(out)
+
+
+def _sft_runtime(out: Path) -> float:
+    """The SFT trainer's own ``train_runtime`` (recorded in its log), so a resumed benchmark still reports it."""
+    log = out / "log.jsonl"
+    runtime = 0.0
+    if log.exists():
+        for line in log.read_text().splitlines():
+            runtime = json.loads(line).get("train_runtime", runtime)
+    return float(runtime)
+
+
+def _mdpo_seconds(out: Path) -> float:
+    """Sampling + pair building + DPO seconds of every mDPO iteration, from each iteration's ``stats.json``."""
+    total = 0.0
+    for stats in sorted(out.glob("iter*/stats.json")):
+        total += sum(v for v in json.loads(stats.read_text()).get("seconds", {}).values() if v)
+    return total
 
 
 def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any, args: argparse.Namespace) -> dict:
@@ -233,12 +250,18 @@ def _short(path: str) -> str:
         return path
 
 
+def _num(value: Any) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Learning benchmark: AceSearcher SFT + mDPO on the synthetic world",
         "",
         f"`python benchmarks/learn_acesearcher.py{' --smoke' if results['smoke'] else ''}` "
-        f"on {results['machine']}; {results['seconds_total']:.0f} s in all.",
+        f"on {results['machine']}; recorded compute per stage (summed over resumed runs): "
+        + ", ".join(f"{k} {v / 60:.0f} min" for k, v in results["seconds"].items())
+        + f"; this invocation {results['seconds_total'] / 60:.0f} min.",
         "",
         f"Test questions: {results['test_questions']} held-out questions (2-3 hops, entities disjoint from "
         "training). Greedy decoding, BM25 top-k per sub-question. EM with a 95% bootstrap CI over questions "
@@ -270,17 +293,18 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             "mDPO iterations (training-question rollouts):",
             "",
-            "| iteration | pairs (decompose / subq / final) | mean reward | reward margin | DPO accuracy |",
-            "|---|---|---|---|---|",
+            "| iteration | trajectories | ties (decomposition / solver groups) | pairs (decompose / subq / final) "
+            "| mean reward | reward margin | DPO steps | DPO accuracy | final implicit-reward margin |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for it in results["mdpo"]["iterations"]:
             pairs = it.get("pairs") or {}
-            acc = it.get("dpo_accuracy")
-            reward = it.get("mean_reward")
+            ties = it.get("degenerate") or {}
             lines.append(
-                f"| {it['iteration']} | {pairs.get('decompose', 0)} / {pairs.get('subq', 0)} / "
-                f"{pairs.get('final', 0)} | {reward if reward is None else f'{reward:.3f}'} | "
-                f"{it.get('reward_margin')} | {acc if acc is None else f'{acc:.3f}'} |"
+                f"| {it['iteration']} | {it.get('trajectories', '–')} | {ties.get('decompose_tie', '–')} / "
+                f"{ties.get('solver_tie', '–')} | {pairs.get('decompose', 0)} / {pairs.get('subq', 0)} / "
+                f"{pairs.get('final', 0)} | {_num(it.get('mean_reward'))} | {_num(it.get('reward_margin'))} | "
+                f"{it.get('dpo_steps', '–')} | {_num(it.get('dpo_accuracy'))} | {_num(it.get('dpo_final_margin'))} |"
             )
     lines += ["", "Settings:", "", "```json", json.dumps(results["settings"], indent=2), "```", ""]
     return "\n".join(lines)
@@ -383,9 +407,16 @@ def main() -> None:
     except ImportError as exc:  # the SFT trainer needs the train extra
         raise SystemExit(f"SFT needs sleuth[train]: {exc}") from None
     measure("sft", sft)
-    t = time.perf_counter()
     summary = run_mdpo(sft, world, work / "mdpo", s, agent, args)
-    seconds["mdpo"] = time.perf_counter() - t
+    seconds["mdpo"] = _mdpo_seconds(work / "mdpo")
+    for it in summary["iterations"]:  # what the table needs to explain a flat curve: ties and how far DPO moved
+        stats_file = work / "mdpo" / f"iter{it['iteration']}" / "stats.json"
+        if stats_file.exists():
+            stats = json.loads(stats_file.read_text())
+            it["trajectories"] = stats.get("trajectories")
+            it["degenerate"] = stats.get("degenerate")
+            it["dpo_steps"] = (stats.get("dpo") or {}).get("steps")
+            it["dpo_final_margin"] = (stats.get("dpo") or {}).get("final_margin")
     for it in summary["iterations"]:
         measure(f"mdpo-{it['iteration']}", work / "mdpo" / f"iter{it['iteration']}" / "model")
 
