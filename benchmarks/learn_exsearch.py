@@ -205,7 +205,7 @@ def markdown(results: dict[str, Any]) -> str:
         "# Learning benchmark: ExSearch warm-up + generalized EM on the synthetic world",
         "",
         f"`python benchmarks/learn_exsearch.py{' --smoke' if results['smoke'] else ''}` "
-        f"on {results['machine']}; {results['seconds_total']:.0f} s in all.",
+        f"on {results['machine']}; this invocation {results['seconds_total']:.0f} s (stage totals below).",
         "",
         f"Test questions: {results['test_questions']} held-out questions (2-3 hops, entities disjoint from "
         "training). Greedy decoding, BM25 top-k per sub-query. EM with a 95% bootstrap CI over questions "
@@ -257,7 +257,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"Warm-up data: {warm.get('records')} trajectories "
         + ", ".join(f"{r['source']}: {r['records']} (skipped {r['skipped']})" for r in warm.get("sources", [])),
         "",
-        "Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in results["seconds"].items()),
+        "Recorded compute per stage, seconds (a resumed run keeps the earlier runs' timings): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in results["seconds"].items()),
         "",
         "Settings:",
         "",
@@ -354,7 +355,7 @@ def main() -> None:
         data.write_text("".join(json.dumps(r) + "\n" for r in records))
     records = [json.loads(line) for line in data.read_text().splitlines()]
     warm_stats = train_weighted(records, base, warm_dir, config, s["warmup_lr"], s["warmup_epochs"])
-    seconds["warmup"] = time.perf_counter() - t
+    seconds["warmup"] = warm_stats.get("seconds") or time.perf_counter() - t  # the trainer's time survives a resume
     warm = warm_dir / "model"
     measure("warm-up", "shared", warm)
 
@@ -378,7 +379,12 @@ def main() -> None:
             weighting=weighting,
         )
         summaries[arm] = train_exsearch(config)
-        seconds[arm] = time.perf_counter() - t
+        # E-step + M-step seconds recorded per iteration (stats.json), so a resumed run still reports them
+        recorded = [
+            sum(json.loads((out / f"iter{it['iteration']}" / "stats.json").read_text()).get("seconds", {}).values())
+            for it in summaries[arm]["iterations"]
+        ]
+        seconds[arm] = sum(recorded) if all(recorded) else time.perf_counter() - t
         for it in summaries[arm]["iterations"]:
             measure(f"{arm}-{it['iteration']}", arm, out / f"iter{it['iteration']}" / "model")
 

@@ -880,9 +880,10 @@ def train_exsearch(
                 del llm, ctx
                 _free_memory()
                 _write_jsonl(weighted, records)
-                _write_json(it / "estep.json", info)
+                _write_json(it / "estep.json", {**info, "seconds": seconds})
             records = _read_jsonl(weighted)
             info = json.loads((it / "estep.json").read_text())
+            seconds = dict(info.get("seconds", {}))  # a run killed during the M-step keeps its E-step timings
             _log(config, f"iteration {t}: M-step on {len(records)} weighted trajectories ({config.weighting})")
             _seed(config.seed + t)
             train_stats = train_weighted(records, policy, it, config)
