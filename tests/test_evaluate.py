@@ -65,6 +65,18 @@ def test_aggregate_means_costs_and_fallbacks() -> None:
     assert metrics["overall"]["prompt_tokens"] == 10 and metrics["overall"]["seconds"] == 2.0
 
 
+def test_wall_seconds_is_the_union_of_busy_intervals_so_a_resume_gap_is_not_counted() -> None:
+    def trace(started_at: float, seconds: float) -> Trace:
+        t = Trace(example=Example(id="x", question="q"), method="m")
+        t.started_at, t.seconds = started_at, seconds
+        return t
+
+    # two overlapping examples (100-110, 105-120), a kill, then a restart an hour later (3700-3710) -> 20 + 10 s
+    group = [trace(3700.0, 10.0), trace(100.0, 10.0), trace(105.0, 15.0), trace(101.0, 2.0)]
+    assert aggregate(group)["overall"]["wall_seconds"] == pytest.approx(30.0 / 4)
+    assert aggregate([])["overall"]["wall_seconds"] == 0.0
+
+
 def test_open_mode_naive_rag_end_to_end(tmp_path: Path, tiny_model_dir: Path) -> None:
     data = write_dataset(tmp_path / "toy" / "dev.jsonl", 12)
     config = EvalConfig(

@@ -147,15 +147,22 @@ def aggregate(traces: Iterable[Trace]) -> dict[str, Any]:
 
 
 def _wall_seconds(group: list[Trace]) -> float:
-    """Wall-clock time the group took (first start to last finish), the throughput view of a batched run.
+    """Wall-clock time the group was being worked on, the throughput view of a batched run: the length of the
+    union of the examples' [start, finish] intervals.
 
     ``seconds`` per trace is latency: with 32 examples in flight each one waits for the others' share of the
-    batched calls, so latencies add up to far more than the run took. A resumed run also counts the gap between
-    the kill and the restart.
+    batched calls, so latencies add up to far more than the run took. The union (rather than first start to last
+    finish) leaves out the gap between a kill and the restart of a resumed run, when nothing was in flight.
     """
-    if not group:
-        return 0.0
-    return max(t.started_at + t.seconds for t in group) - min(t.started_at for t in group)
+    total, end = 0.0, float("-inf")
+    for start, finish in sorted((t.started_at, t.started_at + t.seconds) for t in group):
+        if start > end:
+            total += finish - start
+            end = finish
+        elif finish > end:
+            total += finish - end
+            end = finish
+    return total
 
 
 def _method_config(config: EvalConfig) -> Any:
