@@ -182,3 +182,46 @@ def test_configs_load_and_validate() -> None:
     s3.group_size = 1
     with pytest.raises(ValueError, match="group_size"):
         s3.validate()
+
+
+def test_s3_with_two_processes_builds_the_baseline_once_and_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """torchrun, gloo on CPU: process 0 computes the naive-RAG cache while process 1 waits, then finds it all
+    cached; each process samples one of the two kept questions; one log, one rollout store, one model."""
+    import os
+    import subprocess
+    import sys
+
+    from sleuth.train.config import to_mapping
+
+    repo = Path(__file__).resolve().parents[1]
+    config_path = tmp_path / "s3.json"
+    config_path.write_text(json.dumps(to_mapping(_s3_config(tmp_path, tiny_model_dir, mini_batches=1))))
+    script = tmp_path / "run_s3.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "from sleuth.train.config import load_config\n"
+        "from sleuth.train.s3_rl import S3RLConfig, train_s3\n"
+        "from tests.scripted import ListRetriever\n"
+        "from tests.test_rl_trainers import PASSAGES, _generator\n"
+        "config = load_config(S3RLConfig, sys.argv[1])\n"
+        "result = train_s3(config, generator=_generator(), retriever=ListRetriever(PASSAGES))\n"
+        "print('CACHE', os.environ['RANK'], json.dumps(result['data']['cache']))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*command, str(script), str(config_path)], cwd=repo, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    caches = dict(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("CACHE"))
+    assert json.loads(caches["0"]) == {"hits": 0, "misses": 4} and json.loads(caches["1"]) == {"hits": 4, "misses": 0}
+    out = tmp_path / "s3"
+    assert len((out / "naive_rag_cache.jsonl").read_text().splitlines()) == 4
+    assert json.loads((out / "data_summary.json").read_text())["kept"] == 2
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0] and "reward/acc_s3" in log[0]
+    from sleuth.train.rollouts import RolloutStore
+
+    stored = list(RolloutStore(out / "rollouts" / "step-00000"))
+    assert sorted(r.trace.example.id for r in stored) == ["s2", "s4"]  # one question from each process
+    assert (out / "model" / "config.json").exists()

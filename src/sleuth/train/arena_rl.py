@@ -33,7 +33,7 @@ from sleuth.agents.base import parse_options
 from sleuth.llm import Sampling
 from sleuth.records import Example, Trace
 from sleuth.train.config import ConfigError, load_config, to_mapping
-from sleuth.train.online_rl import Episode, RLConfig, Task, train_online
+from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
 
 __all__ = ["ArenaRLConfig", "ArenaTask", "load_arena_examples", "main", "relevant_numbers", "train_arena"]
 
@@ -143,9 +143,10 @@ def train_arena(config: ArenaRLConfig) -> dict[str, Any]:
     config.validate()
     examples, report = load_arena_examples(config.train_files, config.train_limit, config.format)
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_mapping(config), indent=2, default=str) + "\n")
-    (out / "data_summary.json").write_text(json.dumps(report, indent=2) + "\n")
+    if DataParallel().main:  # one writer when several processes train (torchrun / accelerate launch)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(to_mapping(config), indent=2, default=str) + "\n")
+        (out / "data_summary.json").write_text(json.dumps(report, indent=2) + "\n")
     return train_online(config, ArenaTask(config), examples, log_name="arena")
 
 

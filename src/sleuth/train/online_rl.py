@@ -23,11 +23,20 @@ length in model tokens, searches per question, seconds); every ``save_steps`` th
 and step go to ``OUT/checkpoint`` (written to a temporary directory first, then renamed), from which a killed run
 resumes. Each step's traces, with reward and components, go to ``OUT/rollouts/step-NNNNN`` (the rollout store
 format of :mod:`sleuth.train.rollouts`). At the end: ``OUT/model`` (LoRA merged) and ``OUT/curves.png``.
+
+**Several processes** (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``: one per GPU, or
+gloo on CPU): data parallel. Each process holds the policy, samples the rollouts of its share of the step's questions
+(whole groups, so GRPO advantages stay local), and the gradients are summed across processes with every loss
+normalised by the *global* token (or sequence) count, so N processes make the same update as one process with the
+whole batch (tested). PPO's advantage whitening and every logged number use global statistics; process 0 writes the
+log, the rollout store (all processes' traces) and the checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -35,7 +44,7 @@ import random
 import shutil
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,9 +52,87 @@ from typing import Any, Literal
 from sleuth.agents import Context
 from sleuth.records import Example, Trace
 
-__all__ = ["Episode", "RLConfig", "Task", "train_online"]
+__all__ = ["DataParallel", "Episode", "RLConfig", "Task", "train_online"]
 
 LOG_FILE = "log.jsonl"
+
+
+class DataParallel:
+    """The process group of a data-parallel run (``torchrun`` / ``accelerate launch`` set ``WORLD_SIZE``); with one
+    process every collective is the identity."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if self.world > 1:
+            import torch
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                # generous: process 0 alone caches the s3 naive-RAG baseline while the others wait at a barrier
+                timeout = datetime.timedelta(hours=4)
+                dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+            if torch.cuda.is_available():
+                torch.cuda.set_device(self.local_rank)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def device(self) -> Any:
+        import torch
+
+        return torch.device(f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu")
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sum over processes."""
+        if self.world == 1:
+            return list(values)
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=self.device())
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every process's ``obj``, in rank order, on every process."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def sum_gradients(self, params: Sequence[Any]) -> None:
+        """Sum each parameter's gradient over processes (a process that ran no backward contributes zeros)."""
+        if self.world == 1:
+            return
+        import torch
+        import torch.distributed as dist
+
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_first(self) -> Iterator[None]:
+        """Process 0 runs the block first (building data, caches, writing summaries); the others run it after, when
+        it finds everything built."""
+        if not self.main:
+            self.barrier()
+        yield
+        if self.main:
+            self.barrier()
 
 
 @dataclass
@@ -140,11 +227,11 @@ class Task:
 class _Models:
     """The policy (optionally LoRA-wrapped), its frozen reference, a value head for PPO, and the optimizer."""
 
-    def __init__(self, config: RLConfig, path: Path, resume: Path | None) -> None:
+    def __init__(self, config: RLConfig, path: Path, resume: Path | None, device: Any) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device
         if config.dtype == "auto":
             bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
             dtype = torch.bfloat16 if bf16 else torch.float32
@@ -268,8 +355,11 @@ def _rollout_stats(models: _Models, episodes: list[Episode], config: RLConfig) -
     return out
 
 
-def _advantages(episodes: list[Episode], stats: list[dict[str, Any]], config: RLConfig) -> dict[str, float]:
-    """Fill ``stats[i]["adv"]`` (per token) and, for PPO, ``stats[i]["returns"]``; return logged numbers."""
+def _advantages(
+    episodes: list[Episode], stats: list[dict[str, Any]], config: RLConfig, dist: DataParallel
+) -> dict[str, float]:
+    """Fill ``stats[i]["adv"]`` (per token) and, for PPO, ``stats[i]["returns"]``; return logged numbers (global
+    over processes; a process may hold no episode)."""
     import torch
 
     from sleuth.train import rl
@@ -281,7 +371,8 @@ def _advantages(episodes: list[Episode], stats: list[dict[str, Any]], config: RL
         adv = rl.grpo_advantages(rewards, torch.tensor([index[g] for g in groups]), eps=config.adv_eps)
         for i, row in enumerate(stats):
             row["adv"] = torch.full_like(row["old"], float(adv[i]))
-        return {"advantage_abs": float(adv.abs().mean())}
+        total, n = dist.sum([float(adv.abs().sum()) if episodes else 0.0, float(len(episodes))])
+        return {"advantage_abs": total / max(n, 1.0)}
     kls, scores = [], []
     for e, row in zip(episodes, stats, strict=True):
         mask = row["mask"][None]
@@ -294,12 +385,14 @@ def _advantages(episodes: list[Episode], stats: list[dict[str, Any]], config: RL
         row["adv"], row["returns"] = adv[0], returns[0]
         kls.append(float(rl.masked_mean(rl.kl_penalty(row["old"], row["ref"], kind=config.kl), row["mask"])))
         scores.append(e.reward)
-    # whiten advantages over every model token of the batch (PPO's usual normalisation)
-    flat = torch.cat([row["adv"][row["mask"] > 0] for row in stats]) if stats else torch.zeros(1)
-    mean, std = flat.mean(), flat.std() if flat.numel() > 1 else torch.tensor(1.0)
+    # whiten advantages over every model token of the whole batch, all processes (PPO's usual normalisation)
+    flat = torch.cat([row["adv"][row["mask"] > 0] for row in stats]).double() if stats else torch.zeros(0)
+    n, total, squares, kl_sum = dist.sum([flat.numel(), float(flat.sum()), float((flat**2).sum()), sum(kls)])
+    mean = total / max(n, 1.0)
+    std = math.sqrt(max(squares - n * mean * mean, 0.0) / (n - 1)) if n > 1 else 1.0  # unbiased, as torch.std
     for row in stats:
         row["adv"] = (row["adv"] - mean) / (std + 1e-8) * row["mask"]
-    return {"kl": sum(kls) / max(len(kls), 1)}
+    return {"kl": kl_sum / max(dist.sum([len(kls)])[0], 1.0)}
 
 
 def _pad_rows(rows: Sequence[dict[str, Any]], key: str, width: int, device: Any) -> Any:
@@ -311,21 +404,34 @@ def _pad_rows(rows: Sequence[dict[str, Any]], key: str, width: int, device: Any)
     return out.to(device)
 
 
-def _update(models: _Models, episodes: list[Episode], stats: list[dict[str, Any]], config: RLConfig) -> dict:
-    """``ppo_epochs`` x ``mini_batches`` optimizer steps; returns mean loss terms."""
+def _update(
+    models: _Models, episodes: list[Episode], stats: list[dict[str, Any]], config: RLConfig, dist: DataParallel
+) -> dict:
+    """``ppo_epochs`` x ``mini_batches`` optimizer steps; returns mean loss terms.
+
+    Every process splits its episodes into exactly ``mini_batches`` parts, so all take the same optimizer steps; a
+    micro-batch's loss is weighted by its share of the global mini-batch (tokens, or sequences for the ``seq-*``
+    aggregations), which makes the summed gradient that of the whole mini-batch. A mini-batch empty on every
+    process is skipped (AdamW would move the weights on a zero gradient)."""
     import torch
 
     from sleuth.train import rl
 
     logged: Counter[str] = Counter()
+    grad_norms: list[float] = []
     count = 0
     order = list(range(len(episodes)))
+    params = [p for g in models.optimizer.param_groups for p in g["params"]]
     for _ in range(config.ppo_epochs):
         random.shuffle(order)
-        for mini in _chunks(order, max(1, math.ceil(len(order) / config.mini_batches))):
+        for m in range(config.mini_batches):
+            mini = order[m :: config.mini_batches]
+            tokens, sequences = dist.sum([sum(float(stats[i]["mask"].sum()) for i in mini), float(len(mini))])
+            if sequences == 0:
+                continue
+            tokens = tokens or 1.0
             models.optimizer.zero_grad(set_to_none=True)
-            tokens = sum(float(stats[i]["mask"].sum()) for i in mini) or 1.0
-            for micro in _chunks(list(mini), config.micro_batch):
+            for micro in _chunks(mini, config.micro_batch):
                 chunk = [episodes[i] for i in micro]
                 rows = [stats[i] for i in micro]
                 ids, attention, _ = _pad(chunk, models.tokenizer.pad_token_id, models.device)
@@ -339,7 +445,7 @@ def _update(models: _Models, episodes: list[Episode], stats: list[dict[str, Any]
                 logp = rl.token_logprobs(logits, ids[:, 1:])
                 # each micro-batch's loss is a mean over its tokens (or sequences): weight it by its share
                 share = (
-                    len(micro) / len(mini) if config.loss_aggregation.startswith("seq") else float(mask.sum()) / tokens
+                    len(micro) / sequences if config.loss_aggregation.startswith("seq") else float(mask.sum()) / tokens
                 )
                 if config.algorithm == "grpo":
                     loss, terms = rl.grpo_loss(
@@ -378,11 +484,16 @@ def _update(models: _Models, episodes: list[Episode], stats: list[dict[str, Any]
                 logged["entropy"] += float(entropy.detach()) * share
                 for k, v in terms.items():
                     logged[k] += float(v) * share
-            params = [p for g in models.optimizer.param_groups for p in g["params"]]
-            logged["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
+            dist.sum_gradients(params)
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))
             models.optimizer.step()
             count += 1
-    return {k: v / max(count, 1) for k, v in logged.items()}
+    # each process's terms are weighted by its share of the global mini-batch: their sum is the global mean
+    keys = sorted(set().union(*dist.gather(sorted(logged))))
+    out = dict(zip(keys, (v / max(count, 1) for v in dist.sum([logged[k] for k in keys])), strict=True))
+    if grad_norms:  # the same on every process (computed after the gradients are summed)
+        out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -402,7 +513,9 @@ def _batch(examples: list[Example], step: int, size: int, seed: int) -> list[Exa
     return out
 
 
-def _rollouts(task: Task, llm: Any, agent: Any, batch: list[Example], config: RLConfig, step: int) -> list[Trace]:
+def _rollouts(
+    task: Task, llm: Any, agent: Any, batch: list[Example], config: RLConfig, step: int, rank: int = 0
+) -> list[Trace]:
     from sleuth.runner import run
 
     copies = []
@@ -411,7 +524,7 @@ def _rollouts(task: Task, llm: Any, agent: Any, batch: list[Example], config: RL
             copy = Example.from_dict(example.to_dict())
             copy.metadata["rl"] = {"group": f"{step}:{q}:{example.id}", "sample": g}
             copies.append(copy)
-    sampling = dataclasses.replace(agent.sampling, seed=config.seed * 1_000_003 + step)
+    sampling = dataclasses.replace(agent.sampling, seed=config.seed * 1_000_003 + step + 7_919 * rank)
     agent = dataclasses.replace(agent, sampling=sampling)
     return run(task.method, copies, task.context(llm, agent), concurrency=config.concurrency, progress=False)
 
@@ -478,6 +591,9 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     config.validate()
     if not examples:
         raise ValueError("no training questions")
+    dist = DataParallel()
+    if config.prompts_per_step < dist.world:
+        raise ValueError(f"prompts_per_step={config.prompts_per_step} < {dist.world} processes: one would sit idle")
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"
@@ -485,11 +601,12 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     start = json.loads((checkpoint / "state.json").read_text())["step"] if resume else 0
     log_path = out / LOG_FILE
     log = [r for r in _read_log(log_path) if r["step"] < start]  # steps after the checkpoint are redone
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in log))
+    if dist.main:
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in log))
     random.seed(config.seed + start)
     torch.manual_seed(config.seed + start)
     base = _resolve_model(config.model)
-    models = _Models(config, base, resume)
+    models = _Models(config, base, resume, dist.device())
     llm = HFLLM.from_model(models.policy, models.tokenizer)
     agent = task.agent_config(config)
     started_all = time.perf_counter()
@@ -499,23 +616,25 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
             for group, lr in zip(models.optimizer.param_groups, models.base_lrs, strict=True):
                 group["lr"] = lr * min(1.0, (step + 1) / config.warmup_steps)
         models.policy.eval()
-        batch = _batch(examples, step, config.prompts_per_step, config.seed)
-        traces = _rollouts(task, llm, agent, batch, config, step)
+        batch = _batch(examples, step, config.prompts_per_step, config.seed)[dist.rank :: dist.world]
+        traces = _rollouts(task, llm, agent, batch, config, step, dist.rank)
         t_rollout = time.perf_counter() - t0
         episodes = task.episodes(traces)
-        _store_rollouts(out / "rollouts" / f"step-{step:05d}", task, traces, episodes, step)
-        failed = 0
         usable = []
         for e in episodes:
             if e.messages is None:
-                failed += 1
                 continue
             chat = tokenize_chat(models.tokenizer, e.messages, max_length=config.max_length)
-            if not chat.model_tokens:
-                failed += 1
-                continue
-            e.input_ids, e.mask = chat.input_ids, chat.model_mask
-            usable.append(e)
+            if chat.model_tokens:
+                e.input_ids, e.mask = chat.input_ids, chat.model_mask
+                usable.append(e)
+        if dist.world > 1:  # every process logs and stores the whole batch; each trains on its own share
+            parts = dist.gather((traces, episodes))
+            traces = [t for part in parts for t in part[0]]
+            episodes = [e for part in parts for e in part[1]]
+        failed = sum(1 for e in episodes if e.input_ids is None)
+        if dist.main:
+            _store_rollouts(out / "rollouts" / f"step-{step:05d}", task, traces, episodes, step)
         entry: dict[str, Any] = {"step": step}
         rewards = [e.reward for e in episodes]
         entry["reward"] = sum(rewards) / max(len(rewards), 1)
@@ -524,32 +643,37 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
             entry[f"reward/{key}"] = sum(values) / len(values)
         entry["failed"] = failed
         entry["searches"] = sum(e.searches for e in episodes) / max(len(episodes), 1)
-        entry["response_tokens"] = sum(sum(e.mask or []) for e in usable) / max(len(usable), 1)
-        if usable:
+        trained = [e for e in episodes if e.input_ids is not None]
+        entry["response_tokens"] = sum(sum(e.mask or []) for e in trained) / max(len(trained), 1)
+        if trained:  # the same decision on every process (from the gathered batch)
             models.policy.train()
             stats = _rollout_stats(models, usable, config)
-            entry.update(_advantages(usable, stats, config))
-            entry.update(_update(models, usable, stats, config))
+            entry.update(_advantages(usable, stats, config, dist))
+            entry.update(_update(models, usable, stats, config, dist))
         entry["seconds"] = round(time.perf_counter() - t0, 2)
-        entry["rollout_seconds"] = round(t_rollout, 2)
-        with open(log_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        entry["rollout_seconds"] = round(max(dist.gather(t_rollout)), 2)
         log.append(entry)
-        if config.progress:
+        if dist.main:
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        if config.progress and dist.main:
             print(
                 f"[{log_name}] step {step + 1}/{config.steps} reward {entry['reward']:.3f} "
                 f"kl {entry.get('kl', 0):.4f} tokens {entry['response_tokens']:.0f} {entry['seconds']:.0f}s",
                 flush=True,
             )
         if (step + 1) % config.save_steps == 0 or step + 1 == config.steps:
-            models.save_checkpoint(checkpoint, step + 1, config)
+            if dist.main:  # the processes' weights are identical: one copy
+                models.save_checkpoint(checkpoint, step + 1, config)
+            dist.barrier()
     models.policy.eval()
     final = out / "model"
-    if not (final / "config.json").exists():
-        models.save_final(final, config)
-    _plot(log, out / "curves.png")
+    if dist.main:
+        if not (final / "config.json").exists():
+            models.save_final(final, config)
+        _plot(log, out / "curves.png")
     summary = {
         "model": str(final),
         "steps": len(log),
@@ -557,5 +681,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         "last": log[-1] if log else None,
         "seconds": time.perf_counter() - started_all,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if dist.main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    dist.barrier()
     return summary

@@ -39,7 +39,7 @@ from sleuth.llm import LLM
 from sleuth.records import Example, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.config import ConfigError, load_config, to_mapping
-from sleuth.train.online_rl import Episode, RLConfig, Task, train_online
+from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
 
 __all__ = ["S3RLConfig", "S3Task", "main", "prepare_s3_data", "train_s3", "trajectory_messages"]
 
@@ -174,36 +174,38 @@ def train_s3(config: S3RLConfig, generator: LLM | None = None, retriever: Retrie
 
     config.validate()
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_mapping(config), indent=2, default=str) + "\n")
-    train, index = prepare_s3_data(config)
-    if retriever is None:  # not `or`: a Retriever defines __len__ (0 for in-memory ones)
-        retriever = load_retriever(index)
-    if generator is None:
-        generator = load_llm(None if config.generator == "default" else config.generator)
-    judge = load_llm(config.judge) if config.judge else None
-    cache = NaiveRagCache.for_s3(
-        out / "naive_rag_cache.jsonl",
-        generator,
-        config.agent,
-        retriever=index or retriever.spec,
-        judge=judge,
-        metric=config.metric,
-    )
-    naive = asyncio.run(
-        precompute_naive_rag(
-            train, retriever, generator, cache, config.agent, judge, config.metric, config.concurrency
+    with DataParallel().main_first():  # several processes: process 0 builds the data and the baseline cache
+        out.mkdir(parents=True, exist_ok=True)
+        train, index = prepare_s3_data(config)
+        if retriever is None:  # not `or`: a Retriever defines __len__ (0 for in-memory ones)
+            retriever = load_retriever(index)
+        if generator is None:
+            generator = load_llm(None if config.generator == "default" else config.generator)
+        judge = load_llm(config.judge) if config.judge else None
+        cache = NaiveRagCache.for_s3(
+            out / "naive_rag_cache.jsonl",
+            generator,
+            config.agent,
+            retriever=index or retriever.spec,
+            judge=judge,
+            metric=config.metric,
         )
-    )
-    kept, dropped = filter_training_examples(train, naive) if config.filter else (train, {})
-    summary = {
-        "questions": len(train),
-        "kept": len(kept),
-        "dropped": dict(dropped),
-        "naive_rag_accuracy": sum(naive.values()) / max(len(naive), 1),
-        "cache": {"hits": cache.hits, "misses": cache.misses},
-    }
-    (out / "data_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        naive = asyncio.run(
+            precompute_naive_rag(
+                train, retriever, generator, cache, config.agent, judge, config.metric, config.concurrency
+            )
+        )
+        kept, dropped = filter_training_examples(train, naive) if config.filter else (train, {})
+        summary = {
+            "questions": len(train),
+            "kept": len(kept),
+            "dropped": dict(dropped),
+            "naive_rag_accuracy": sum(naive.values()) / max(len(naive), 1),
+            "cache": {"hits": cache.hits, "misses": cache.misses},
+        }
+        if DataParallel().main:
+            (out / "config.json").write_text(json.dumps(to_mapping(config), indent=2, default=str) + "\n")
+            (out / "data_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if not kept:
         raise ValueError(f"no training questions left after filtering: {summary}")
     result = train_online(config, S3Task(config, retriever, generator, cache, judge), kept, log_name="s3")
