@@ -300,3 +300,115 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
 
     stored = list(RolloutStore(runs["two"] / "rollouts" / "step-00001"))
     assert len(stored) == 4 * (2 if algorithm == "grpo" else 1)  # both processes' traces, written once
+
+
+class _LoraServer:
+    """A vLLM-like OpenAI server with runtime LoRA loading, over a real socket: ``/v1/load_lora_adapter`` reads the
+    adapter's safetensors from ``lora_path`` (400 if the name is taken), ``/v1/unload_lora_adapter`` (404 if
+    unknown), and chat completions answer only for a loaded adapter's name (404 otherwise, as vLLM does)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.loaded: dict[str, dict[str, Any]] = {}
+        self.history: dict[str, dict[str, Any]] = {}  # every adapter ever loaded, by name
+        self.events: list[tuple[str, str, int]] = []  # (endpoint, name, status)
+        self.completions: list[str] = []  # model name of each completion request
+        self.lock = threading.Lock()
+        state = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                status, payload = state.handle(self.path, body)
+                self._send(status, payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def handle(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        from safetensors.torch import load_file
+
+        with self.lock:
+            if path.endswith("/load_lora_adapter"):
+                name = body["lora_name"]
+                status = 400 if name in self.loaded else 200
+                if status == 200:
+                    tensors = load_file(str(Path(body["lora_path"]) / "adapter_model.safetensors"))
+                    self.loaded[name] = self.history[name] = tensors
+                self.events.append(("load", name, status))
+                return status, {"message": "ok" if status == 200 else f"{name} has already been loaded"}
+            if path.endswith("/unload_lora_adapter"):
+                name = body["lora_name"]
+                status = 200 if self.loaded.pop(name, None) is not None else 404
+                self.events.append(("unload", name, status))
+                return status, {"message": "ok" if status == 200 else f"{name} cannot be found"}
+            if path.endswith("/chat/completions"):
+                if body["model"] not in self.loaded:
+                    return 404, {"error": {"message": f"The model `{body['model']}` does not exist."}}
+                self.completions.append(body["model"])
+                text = "Ann" if len(self.completions) % 2 else "Bob"
+                choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                return 200, {"choices": [choice], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+            return 404, {"error": {"message": f"no route {path}"}}
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_rollouts_from_a_server_that_reloads_the_lora_adapter_every_step(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    server = _LoraServer()
+    try:
+        spec = f"openai:tiny@{server.url}?timeout=5&max_retries=0&backoff=0.01"
+        task = DirectTask(lambda t: float("Ann" in (t.answer or "")))
+        config = _config(tmp_path, tiny_model_dir, lora=True, lora_r=4, rollout_server=spec, steps=1)
+        train_online(config, task, _examples())
+        out = tmp_path / "rl"
+        assert server.completions == ["policy-step-00000"] * 6  # 2 questions x group 3, all from the adapter
+        initial = server.history["policy-step-00000"]
+        assert all(float(t.abs().max()) == 0.0 for k, t in initial.items() if "lora_B" in k)  # PEFT starts B at 0
+        after_one = load_file(str(out / "checkpoint" / "policy" / "adapter_model.safetensors"))
+        assert any(float(t.abs().max()) > 0 for k, t in after_one.items() if "lora_B" in k)  # the update moved B
+
+        # resumed to three steps: step 1 samples from the weights of the checkpoint, step 2 replaces it
+        train_online(dataclasses.replace(config, steps=3), task, _examples())
+        served = server.history["policy-step-00001"]
+        assert served.keys() == after_one.keys() and all(torch.equal(served[k], after_one[k]) for k in served)
+        assert server.completions[6:] == ["policy-step-00001"] * 6 + ["policy-step-00002"] * 6
+        assert ("unload", "policy-step-00001", 200) in server.events and "policy-step-00001" not in server.loaded
+        assert sorted(p.name for p in (out / "served").iterdir()) == ["step-00002"]
+        assert ("unload", "policy-step-00000", 200) in server.events  # the first run's adapter, cleaned on resume
+        assert list(server.loaded) == ["policy-step-00002"]
+    finally:
+        server.close()
+
+
+def test_a_rollout_server_needs_lora_and_a_reachable_server(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from sleuth.train.served_policy import ServedPolicyError
+
+    spec = "openai:tiny@http://127.0.0.1:9/v1?timeout=1&max_retries=0"
+    with pytest.raises(ValueError, match="lora: true"):
+        train_online(_config(tmp_path, tiny_model_dir, rollout_server=spec), DirectTask(lambda t: 0.0), _examples())
+    config = _config(tmp_path, tiny_model_dir, lora=True, rollout_server=spec)
+    with pytest.raises(ServedPolicyError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+        train_online(config, DirectTask(lambda t: 0.0), _examples())

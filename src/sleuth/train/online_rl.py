@@ -6,7 +6,8 @@ becomes the training conversation (model-written text vs inserted observations) 
 
 1. **Rollouts.** ``prompts_per_step`` training questions (a seeded order, so a resumed run draws the same
    batches), ``group_size`` runs each, by the task's agent through the runner, sampling from the *live* policy
-   (:meth:`sleuth.llm.hf.HFLLM.from_model` shares the weights being trained). Failed runs are counted, not trained.
+   (:meth:`sleuth.llm.hf.HFLLM.from_model` shares the weights being trained), or from a vLLM server that reloads
+   the LoRA adapter every step (``rollout_server``: :mod:`sleuth.train.served_policy`). Failed runs are counted.
 2. **Rewards** from the task (format/EM/relevance/bonus for ARENA, Gain Beyond RAG for s3).
 3. **Tokens.** :func:`sleuth.train.tokens.tokenize_chat`: the ids the chat template gives the whole conversation
    and a mask of model-written tokens; the policy loss, the KL and the value loss cover those only (state masking).
@@ -172,6 +173,9 @@ class RLConfig:
     lora_alpha: int = 32
     lora_target: str = "all-linear"
     dtype: str = "auto"  # auto: bf16 on a GPU that supports it, else fp32
+    # rollouts from a vLLM server that reloads the LoRA adapter every step (sleuth.train.served_policy)
+    rollout_server: str = ""  # openai:BASE_MODEL@URL; empty: transformers generate from the live policy
+    rollout_adapter_dir: str = ""  # where the adapters are written for the server to read (default OUT/served)
     save_steps: int = 10
     seed: int = 0
     concurrency: int = 64
@@ -187,6 +191,11 @@ class RLConfig:
             raise ValueError("GRPO needs group_size >= 2 (advantages are relative to the group)")
         if self.kl not in ("k1", "k2", "k3", "arena", "abs"):
             raise ValueError(f"kl={self.kl!r}; expected k1, k2, k3, arena or abs")
+        if self.rollout_server and not self.lora:
+            raise ValueError(
+                "rollout_server needs lora: true (the server reloads the LoRA adapter each step; full weights have "
+                "no server API to be pushed through)"
+            )
 
 
 @dataclass
@@ -608,6 +617,11 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     base = _resolve_model(config.model)
     models = _Models(config, base, resume, dist.device())
     llm = HFLLM.from_model(models.policy, models.tokenizer)
+    served = None
+    if config.rollout_server:
+        from sleuth.train.served_policy import ServedPolicy
+
+        served = ServedPolicy(config.rollout_server, Path(config.rollout_adapter_dir or out / "served"), dist)
     agent = task.agent_config(config)
     started_all = time.perf_counter()
     for step in range(start, config.steps):
@@ -617,6 +631,8 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
                 group["lr"] = lr * min(1.0, (step + 1) / config.warmup_steps)
         models.policy.eval()
         batch = _batch(examples, step, config.prompts_per_step, config.seed)[dist.rank :: dist.world]
+        if served is not None:
+            llm = served.publish(models.policy, step)
         traces = _rollouts(task, llm, agent, batch, config, step, dist.rank)
         t_rollout = time.perf_counter() - t0
         episodes = task.episodes(traces)

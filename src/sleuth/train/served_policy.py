@@ -1,0 +1,113 @@
+"""Rollouts sampled by a vLLM server that serves the policy being trained, as a LoRA adapter reloaded every step.
+
+A transformers ``generate`` is the slow half of an RL step on a GPU; vLLM samples the same rollouts many times
+faster. The policy must then reach the server after every update. With LoRA that is a small, documented operation:
+vLLM's OpenAI server, started with runtime LoRA updating, loads an adapter directory by name and serves it as a
+model::
+
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve BASE_MODEL --enable-lora --max-lora-rank 16 --port 8000
+
+    # cfg.yaml
+    lora: true
+    rollout_server: openai:BASE_MODEL@http://127.0.0.1:8000/v1?concurrency=64
+
+Before each step's rollouts, :meth:`ServedPolicy.publish` saves the adapter to ``DIR/step-NNNNN`` (``DIR`` =
+``rollout_adapter_dir``, by default ``OUT/served``: the server must be able to read it, so the same machine or a
+shared file system), asks the server to load it (``POST /v1/load_lora_adapter {"lora_name", "lora_path"}``),
+unloads and deletes the previous step's adapter, and returns an ``openai`` backend whose model is the new adapter's
+name: every rollout request of the step names the adapter it samples from, so no request can hit stale weights.
+The old log-probs of the update are still computed by the trainer's own forward pass, as before.
+
+With several processes, process 0 publishes and the others wait for it. Full fine-tuning has no comparable server
+API (the weights would have to be broadcast into the server's workers), so ``rollout_server`` requires ``lora``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from sleuth._http import backoff_delay, is_retryable_status
+from sleuth._http import error_message as _error_message
+
+__all__ = ["ServedPolicy", "ServedPolicyError"]
+
+HINT = (
+    "start the server with runtime LoRA loading: "
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve BASE_MODEL --enable-lora --max-lora-rank R"
+)
+
+
+class ServedPolicyError(RuntimeError):
+    """The rollout server could not load the policy's adapter."""
+
+
+class ServedPolicy:
+    """Publishes the policy's LoRA adapter to a vLLM server each step and hands out a backend that samples from it."""
+
+    def __init__(self, spec: str, directory: Path, dist: Any, name: str = "policy", max_retries: int = 5) -> None:
+        from sleuth.llm import load_llm
+        from sleuth.llm.openai_compat import OpenAICompatLLM
+
+        template = load_llm(spec)
+        if not isinstance(template, OpenAICompatLLM):
+            raise ValueError(f"rollout_server={spec!r} must be an 'openai:BASE_MODEL@URL' spec of a vLLM server")
+        self.template = template
+        self.directory = directory
+        self.dist = dist
+        self.name = name
+        self.max_retries = max_retries
+        self.published: list[str] = []  # adapter names in load order (process 0)
+        if dist.main and directory.is_dir():  # a resumed run: unload and delete the adapters an earlier run left
+            for stale in sorted(directory.glob("step-*")):
+                with contextlib.suppress(ServedPolicyError):
+                    self._post("unload_lora_adapter", {"lora_name": f"{name}-{stale.name}"})
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def _post(self, endpoint: str, body: dict[str, Any]) -> None:
+        import httpx
+
+        url = f"{self.template.base_url}/{endpoint}"
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = httpx.post(url, json=body, timeout=self.template.timeout)
+            except httpx.TransportError as exc:
+                if attempt == self.max_retries:
+                    raise ServedPolicyError(f"{url}: {exc!r}; is the vLLM server running? {HINT}") from exc
+                time.sleep(backoff_delay(attempt, self.template.backoff))
+                continue
+            if response.status_code < 400:
+                return
+            if not is_retryable_status(response.status_code) or attempt == self.max_retries:
+                raise ServedPolicyError(f"{url} answered {_error_message(response)}; {HINT}")
+            time.sleep(backoff_delay(attempt, self.template.backoff, response.headers.get("retry-after")))
+
+    def publish(self, policy: Any, step: int) -> Any:
+        """Make the current adapter the one the server samples from; return a backend naming it."""
+        from sleuth.llm.openai_compat import OpenAICompatLLM
+
+        name = f"{self.name}-step-{step:05d}"
+        if self.dist.main:
+            path = (self.directory / f"step-{step:05d}").resolve()
+            shutil.rmtree(path, ignore_errors=True)
+            policy.save_pretrained(path)
+            previous = self.published[-1] if self.published else None
+            self._post("load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+            self.published.append(name)
+            if previous is not None:
+                self._post("unload_lora_adapter", {"lora_name": previous})
+                shutil.rmtree(self.directory / f"step-{previous.rsplit('-', 1)[1]}", ignore_errors=True)
+        self.dist.barrier()
+        t = self.template
+        return OpenAICompatLLM(
+            name,
+            t.base_url,
+            concurrency=t.concurrency,
+            timeout=t.timeout,
+            max_retries=t.max_retries,
+            backoff=t.backoff,
+            key_env=t.key_env,
+        )
