@@ -207,7 +207,7 @@ def test_observation_tokens_do_not_enter_the_loss(tiny_model_dir: Path) -> None:
 
 
 _DATA_PARALLEL_SCRIPT = '''
-import json, sys
+import json, os, sys
 from typing import Any
 
 from sleuth.agents import Context
@@ -235,6 +235,8 @@ class FixedTask(Task):
             answer = f"{trace.example.id} is number {meta['sample']}"
             messages = [{"role": "user", "content": trace.example.question}, {"role": "assistant", "content": answer}]
             reward = float((int(trace.example.id[1:]) + 2 * meta["sample"]) % 3)
+            if os.environ.get("FAIL_RANK") == os.environ.get("RANK", "0"):  # this process's rollouts all failed
+                messages = None
             out.append(Episode(group=meta["group"], messages=messages, reward=reward, components={"r": reward}))
         return out
 
@@ -300,6 +302,18 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
 
     stored = list(RolloutStore(runs["two"] / "rollouts" / "step-00001"))
     assert len(stored) == 4 * (2 if algorithm == "grpo" else 1)  # both processes' traces, written once
+
+    # a process whose rollouts all fail still takes part in every collective; the other one trains
+    done = subprocess.run(
+        [*launcher, str(script), json.dumps({**json.loads(args), "output_dir": str(tmp_path / "failing")})],
+        env={**env, "FAIL_RANK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = [json.loads(x) for x in (tmp_path / "failing" / "log.jsonl").read_text().splitlines()]
+    assert [r["failed"] for r in log] == [len(stored) // 2] * 2 and all("loss" in r for r in log)
 
 
 class _LoraServer:

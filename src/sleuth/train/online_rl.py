@@ -377,7 +377,8 @@ def _advantages(
         rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
         groups = [e.group for e in episodes]
         index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
-        adv = rl.grpo_advantages(rewards, torch.tensor([index[g] for g in groups]), eps=config.adv_eps)
+        ids = torch.tensor([index[g] for g in groups], dtype=torch.long)
+        adv = rl.grpo_advantages(rewards, ids, eps=config.adv_eps) if episodes else torch.zeros(0)
         for i, row in enumerate(stats):
             row["adv"] = torch.full_like(row["old"], float(adv[i]))
         total, n = dist.sum([float(adv.abs().sum()) if episodes else 0.0, float(len(episodes))])
