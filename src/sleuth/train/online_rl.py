@@ -107,6 +107,16 @@ class DataParallel:
         dist.all_gather_object(out, obj)
         return out
 
+    def gather_to_main(self, obj: Any) -> list[Any] | None:
+        """Every process's ``obj``, in rank order, on process 0 only (None elsewhere)."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] | None = [None] * self.world if self.main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
     def sum_gradients(self, params: Sequence[Any]) -> None:
         """Sum each parameter's gradient over processes (a process that ran no backward contributes zeros)."""
         if self.world == 1:
@@ -397,12 +407,14 @@ def _advantages(
         scores.append(e.reward)
     # whiten advantages over every model token of the whole batch, all processes (PPO's usual normalisation)
     flat = torch.cat([row["adv"][row["mask"] > 0] for row in stats]).double() if stats else torch.zeros(0)
-    n, total, squares, kl_sum = dist.sum([flat.numel(), float(flat.sum()), float((flat**2).sum()), sum(kls)])
+    n, total, squares, kl_sum, kl_n = dist.sum(
+        [flat.numel(), float(flat.sum()), float((flat**2).sum()), sum(kls), len(kls)]
+    )
     mean = total / max(n, 1.0)
     std = math.sqrt(max(squares - n * mean * mean, 0.0) / (n - 1)) if n > 1 else 1.0  # unbiased, as torch.std
     for row in stats:
         row["adv"] = (row["adv"] - mean) / (std + 1e-8) * row["mask"]
-    return {"kl": kl_sum / max(dist.sum([len(kls)])[0], 1.0)}
+    return {"kl": kl_sum / max(kl_n, 1.0)}
 
 
 def _pad_rows(rows: Sequence[dict[str, Any]], key: str, width: int, device: Any) -> Any:
@@ -645,24 +657,26 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
             if chat.model_tokens:
                 e.input_ids, e.mask = chat.input_ids, chat.model_mask
                 usable.append(e)
-        if dist.world > 1:  # every process logs and stores the whole batch; each trains on its own share
-            parts = dist.gather((traces, episodes))
-            traces = [t for part in parts for t in part[0]]
-            episodes = [e for part in parts for e in part[1]]
-        failed = sum(1 for e in episodes if e.input_ids is None)
-        if dist.main:
-            _store_rollouts(out / "rollouts" / f"step-{step:05d}", task, traces, episodes, step)
+        # the step's traces go to process 0 for the store; the log's numbers (small) to every process
+        parts = dist.gather_to_main((traces, episodes))
+        if parts is not None:
+            all_traces, all_episodes = [t for p in parts for t in p[0]], [e for p in parts for e in p[1]]
+            _store_rollouts(out / "rollouts" / f"step-{step:05d}", task, all_traces, all_episodes, step)
+        rows = [
+            (e.reward, e.components, e.searches, sum(e.mask) if e.input_ids is not None and e.mask else None)
+            for e in episodes
+        ]
+        rows = [row for part in dist.gather(rows) for row in part]
         entry: dict[str, Any] = {"step": step}
-        rewards = [e.reward for e in episodes]
-        entry["reward"] = sum(rewards) / max(len(rewards), 1)
-        for key in sorted({k for e in episodes for k in e.components}):
-            values = [e.components[key] for e in episodes if key in e.components]
+        entry["reward"] = sum(r[0] for r in rows) / max(len(rows), 1)
+        for key in sorted({k for r in rows for k in r[1]}):
+            values = [r[1][key] for r in rows if key in r[1]]
             entry[f"reward/{key}"] = sum(values) / len(values)
-        entry["failed"] = failed
-        entry["searches"] = sum(e.searches for e in episodes) / max(len(episodes), 1)
-        trained = [e for e in episodes if e.input_ids is not None]
-        entry["response_tokens"] = sum(sum(e.mask or []) for e in trained) / max(len(trained), 1)
-        if trained:  # the same decision on every process (from the gathered batch)
+        trained = [r[3] for r in rows if r[3] is not None]
+        entry["failed"] = len(rows) - len(trained)
+        entry["searches"] = sum(r[2] for r in rows) / max(len(rows), 1)
+        entry["response_tokens"] = sum(trained) / max(len(trained), 1)
+        if trained:  # the same decision on every process (from the gathered numbers)
             models.policy.train()
             stats = _rollout_stats(models, usable, config)
             entry.update(_advantages(usable, stats, config, dist))

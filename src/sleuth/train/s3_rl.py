@@ -174,7 +174,8 @@ def train_s3(config: S3RLConfig, generator: LLM | None = None, retriever: Retrie
 
     config.validate()
     out = Path(config.output_dir)
-    with DataParallel().main_first():  # several processes: process 0 builds the data and the baseline cache
+    processes = DataParallel()
+    with processes.main_first():  # several processes: process 0 builds the data and the baseline cache
         out.mkdir(parents=True, exist_ok=True)
         train, index = prepare_s3_data(config)
         if retriever is None:  # not `or`: a Retriever defines __len__ (0 for in-memory ones)
@@ -203,7 +204,7 @@ def train_s3(config: S3RLConfig, generator: LLM | None = None, retriever: Retrie
             "naive_rag_accuracy": sum(naive.values()) / max(len(naive), 1),
             "cache": {"hits": cache.hits, "misses": cache.misses},
         }
-        if DataParallel().main:
+        if processes.main:
             (out / "config.json").write_text(json.dumps(to_mapping(config), indent=2, default=str) + "\n")
             (out / "data_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if not kept:

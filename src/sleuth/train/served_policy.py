@@ -60,7 +60,7 @@ class ServedPolicy:
         self.dist = dist
         self.name = name
         self.max_retries = max_retries
-        self.published: list[str] = []  # adapter names in load order (process 0)
+        self.current: tuple[str, Path] | None = None  # the adapter the server samples from (process 0)
         if dist.main and directory.is_dir():  # a resumed run: unload and delete the adapters an earlier run left
             for stale in sorted(directory.glob("step-*")):
                 with contextlib.suppress(ServedPolicyError):
@@ -94,12 +94,11 @@ class ServedPolicy:
             path = (self.directory / f"step-{step:05d}").resolve()
             shutil.rmtree(path, ignore_errors=True)
             policy.save_pretrained(path)
-            previous = self.published[-1] if self.published else None
             self._post("load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-            self.published.append(name)
-            if previous is not None:
-                self._post("unload_lora_adapter", {"lora_name": previous})
-                shutil.rmtree(self.directory / f"step-{previous.rsplit('-', 1)[1]}", ignore_errors=True)
+            if self.current is not None:
+                self._post("unload_lora_adapter", {"lora_name": self.current[0]})
+                shutil.rmtree(self.current[1], ignore_errors=True)
+            self.current = (name, path)
         self.dist.barrier()
         t = self.template
         return OpenAICompatLLM(
