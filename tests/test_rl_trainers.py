@@ -205,16 +205,22 @@ def test_s3_with_two_processes_builds_the_baseline_once_and_trains(tmp_path: Pat
         "from tests.test_rl_trainers import PASSAGES, _generator\n"
         "config = load_config(S3RLConfig, sys.argv[1])\n"
         "result = train_s3(config, generator=_generator(), retriever=ListRetriever(PASSAGES))\n"
-        "print('CACHE', os.environ['RANK'], json.dumps(result['data']['cache']))\n"
+        "with open(sys.argv[2] + '/cache-' + os.environ['RANK'] + '.json', 'w') as f:\n"
+        "    json.dump(result['data']['cache'], f)\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     done = subprocess.run(
-        [*command, str(script), str(config_path)], cwd=repo, env=env, capture_output=True, text=True, timeout=600
+        [*command, str(script), str(config_path), str(tmp_path)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    caches = dict(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("CACHE"))
-    assert json.loads(caches["0"]) == {"hits": 0, "misses": 4} and json.loads(caches["1"]) == {"hits": 4, "misses": 0}
+    caches = [json.loads((tmp_path / f"cache-{rank}.json").read_text()) for rank in (0, 1)]  # files: no interleaving
+    assert caches == [{"hits": 0, "misses": 4}, {"hits": 4, "misses": 0}]
     out = tmp_path / "s3"
     assert len((out / "naive_rag_cache.jsonl").read_text().splitlines()) == 4
     assert json.loads((out / "data_summary.json").read_text())["kept"] == 2
