@@ -160,6 +160,8 @@ def main() -> None:
         "s3 after - s3 before": paired_difference_ci(before["acc_s3"], after["acc_s3"], seed=args.seed),
     }
     log = [json.loads(line) for line in (work / "ppo" / "log.jsonl").read_text().splitlines()]
+    step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
+    rewarded = sum(1 for r in log if r.get("reward", 0.0) > 0)
     out = {
         "smoke": args.smoke,
         "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
@@ -168,7 +170,8 @@ def main() -> None:
         "accuracy": table,
         "differences": differences,
         "searches": {"before": before["searches"], "after": after["searches"]},
-        "training": {"summary": summary, "seconds": train_seconds},
+        "training": {"summary": summary, "seconds": train_seconds, "step_seconds": step_seconds},
+        "eval_seconds": {"before": before["seconds"], "after": after["seconds"]},
         "log": log,
         "seconds_total": time.perf_counter() - started,
     }
@@ -177,8 +180,9 @@ def main() -> None:
         "# Learning benchmark: s3 PPO on the synthetic world (frozen SmolLM2 generator)",
         "",
         f"`python benchmarks/learn_s3.py{' --smoke' if args.smoke else ''}` on {out['machine']}; "
-        f"{out['seconds_total']:.0f} s in all ({train_seconds:.0f} s training). {len(test)} test questions; "
-        f"training data after the filter: {summary['data']}.",
+        f"{len(log)} PPO steps x {args.prompts} questions ({step_seconds:.0f} s of steps; evals "
+        f"{before['seconds']:.0f} s before, {after['seconds']:.0f} s after; {rewarded} step(s) with a mean reward "
+        f"above 0). {len(test)} test questions; training data after the filter: {summary['data']}.",
         "",
         "| generator context | GenAcc | 95% CI |",
         "|---|---|---|",
