@@ -46,6 +46,15 @@ def test_arena_examples_without_supporting_references_are_counted(tmp_path: Path
     assert [e.id for e in kept] == ["e1", "e2"] and report[path]["no_supporting_reference"] == 1
 
 
+def test_arena_examples_whose_supporting_references_are_cut_are_counted(tmp_path: Path) -> None:
+    path = _write(tmp_path / "train.jsonl", _arena_examples())
+    kept, report = load_arena_examples([path], max_references=1)  # the agent shows only "a"
+    assert [e.id for e in kept] == ["e1"]
+    assert report[path]["supporting_references_cut"] == 1 and report[path]["no_supporting_reference"] == 1
+    kept, _ = load_arena_examples([path], max_references=2)
+    assert [e.id for e in kept] == ["e1", "e2"]
+
+
 def test_relevant_numbers_follow_the_agents_numbering() -> None:
     example = Example(id="x", question="q", answers=["a"], supporting_ids=["c", "a"])
     trace = Trace(example=example, method="arena", meta={"reference_ids": ["a", "b", "c"]})

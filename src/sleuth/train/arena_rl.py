@@ -115,9 +115,11 @@ class ArenaTask(Task):
 
 
 def load_arena_examples(
-    files: Sequence[str], limit: int | None = None, format: str | None = None
+    files: Sequence[str], limit: int | None = None, format: str | None = None, max_references: int | None = None
 ) -> tuple[list[Example], dict[str, Any]]:
-    """Training questions with references and at least one supporting reference; the rest counted per file."""
+    """Training questions with references and at least one supporting reference among those the agent shows (the
+    first ``max_references``, when the agent cuts them: a cut-off supporting reference can never be cited, so
+    R_rel and the bonus would be unreachable); the rest counted per file."""
     from sleuth.data import load_examples
 
     kept: list[Example] = []
@@ -126,11 +128,13 @@ def load_arena_examples(
         skipped: Counter[str] = Counter()
         examples = load_examples(path, format=format, limit=limit)
         for example in examples:
-            ids = {p.id for p in example.context}
+            shown = example.context if max_references is None else example.context[:max_references]
             if not example.context:
                 skipped["no_references"] += 1
-            elif not ids & set(example.supporting_ids):
+            elif not {p.id for p in example.context} & set(example.supporting_ids):
                 skipped["no_supporting_reference"] += 1
+            elif not {p.id for p in shown} & set(example.supporting_ids):
+                skipped["supporting_references_cut"] += 1
             elif not example.answers:
                 skipped["no_answer"] += 1
             else:
@@ -141,7 +145,9 @@ def load_arena_examples(
 
 def train_arena(config: ArenaRLConfig) -> dict[str, Any]:
     config.validate()
-    examples, report = load_arena_examples(config.train_files, config.train_limit, config.format)
+    examples, report = load_arena_examples(
+        config.train_files, config.train_limit, config.format, config.agent.max_references
+    )
     out = Path(config.output_dir)
     if DataParallel().main:  # one writer when several processes train (torchrun / accelerate launch)
         out.mkdir(parents=True, exist_ok=True)
