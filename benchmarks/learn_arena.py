@@ -10,6 +10,15 @@ The scale is tiny next to the paper's (tens of prompts instead of 24,500, a 135M
 first ``--max-references`` paragraphs to keep CPU prefill affordable), so the learning rate is raised; the point is
 the direction of each metric and whether it is distinguishable from noise.
 
+Format warm start (a deviation, on by default): SmolLM2-135M never writes ``<relevance>/<analysis>/<answer>``
+(0 of 150 greedy dev answers, 0 of 24 samples at T=0.9 on train prompts), and every ARENA reward component reads
+those tags, so GRPO from the base model sees reward 0 in every group: zero advantages, no gradient. Before GRPO
+the model is fine-tuned for a few steps on ``--format-warmup`` train questions (taken after the GRPO questions)
+whose target is ARENA's SFT-reasoning layout (arena.md §3.5: gold relevance ids, an analysis, a gold answer), the
+analysis templated as "Reference [i] states that <its first sentence>." because no model writes it here (the
+paper has the backbone write it). Evaluated as its own stage, so "GRPO - warm start" is what GRPO added.
+``--format-warmup 0`` runs GRPO from the base model, as the paper does.
+
     python benchmarks/learn_arena.py            # CPU: expect well over an hour at the defaults (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
 """
@@ -62,18 +71,85 @@ def evaluate(model: Path, files: list[str], limit: int, agent: Any, options: str
     return result
 
 
+def warmup_target(example: Any, references: list[Any]) -> str:
+    """ARENA's SFT target layout (arena.md §3.5) with a templated analysis citing each gold reference."""
+    import re
+
+    gold = [i for i, p in enumerate(references, 1) if p.id in set(example.supporting_ids)]
+    claims = []
+    for i in gold:
+        text = references[i - 1].text.replace("<", " ").strip()
+        first = re.split(r"(?<=[.!?])\s+", text, maxsplit=1)[0]
+        claims.append(f"Reference [{i}] states that {first}")
+    analysis = " ".join(claims) + f" Therefore the answer is {example.answers[0]}."
+    answer = example.answers[0]
+    return f"<relevance>\n{gold}\n</relevance>\n\n<analysis>\n{analysis}\n</analysis>\n\n<answer>\n{answer}\n</answer>"
+
+
+def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: Any, work: Path, lr: float) -> Path:
+    """Fine-tune ``base`` on ``count`` train questions (after the first ``skip`` of each file) with ARENA's prompt
+    and the :func:`warmup_target` completion; returns the merged model (cached)."""
+    from sleuth.agents.arena import arena_prompt
+    from sleuth.data import load_examples
+    from sleuth.train.sft import SFTConfig, SFTSource, train_sft
+
+    model = work / "warmup"
+    if (model / "config.json").exists():
+        return model
+    pools = []  # per file, the usable questions after the first ``skip`` (which the GRPO run trains on)
+    for f in files:
+        usable = []
+        for example in load_examples(f, limit=skip + 4 * count)[skip:]:
+            references = list(example.context)[: agent.max_references]
+            if example.answers and any(p.id in set(example.supporting_ids) for p in references):
+                usable.append((example, references))  # else no gold answer or no supporting reference shown
+        pools.append(usable)
+    records = []
+    for i in range(count):  # round-robin over the files
+        pool = pools[i % len(pools)]
+        if i // len(pools) < len(pool):
+            example, references = pool[i // len(pools)]
+            prompt = arena_prompt(example.question, references, agent.prompt)
+            messages = [
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": warmup_target(example, references)},
+            ]
+            records.append({"messages": messages})
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "warmup_records.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = SFTConfig(
+        model=str(base),
+        output_dir=str(model),
+        sources=[SFTSource(path=str(data), kind="released", name="arena-format")],
+        val_fraction=0.0,
+        max_length=2048,
+        epochs=2.0,
+        lr=lr,
+        batch_size=8,
+        per_device_batch_size=2,
+        warmup_ratio=0.1,
+        save_steps=1000,
+        logging_steps=2,
+        gradient_checkpointing=False,
+    ).validate()
+    return Path(train_sft(config))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--dev-questions", type=int, default=30, help="per dev file")
-    parser.add_argument("--train-questions", type=int, default=200, help="per train file")
+    parser.add_argument("--train-questions", type=int, default=60, help="per train file (warm start: later ones)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--prompts", type=int, default=4, help="questions per step")
     parser.add_argument("--group", type=int, default=4, help="G (paper: 7)")
     parser.add_argument("--max-references", type=int, default=6)
     parser.add_argument("--lr", type=float, default=2e-4, help="LoRA learning rate (paper: 3e-6, full fine-tuning)")
+    parser.add_argument("--format-warmup", type=int, default=32, help="warm-start questions (0: none, as the paper)")
+    parser.add_argument("--warmup-lr", type=float, default=1e-4, help="full fine-tuning rate of the warm start")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -96,6 +172,7 @@ def main() -> None:
         if not (base / "config.json").exists():
             build_tiny_model(base)
         args.dev_questions, args.train_questions, args.steps, args.prompts, args.group = 2, 4, 1, 2, 2
+        args.format_warmup = min(args.format_warmup, 4)
         tokens = 8
     else:
         from sleuth.assets import ensure_default_model
@@ -104,11 +181,21 @@ def main() -> None:
         tokens = 160
     dev = [str(DATA / f) for f in DEV]
     agent = ArenaConfig(sampling=Sampling(max_new_tokens=tokens), max_references=args.max_references)
-    before = evaluate(base, dev, args.dev_questions, agent, args.llm_options, work / "eval" / "base.json")
+    train = [str(DATA / f) for f in TRAIN]
+    evals = {"base": evaluate(base, dev, args.dev_questions, agent, args.llm_options, work / "eval" / "base.json")}
+    start, warmup_seconds = base, 0.0
+    if args.format_warmup:
+        t = time.perf_counter()
+        start = format_warmup(base, train, args.train_questions, args.format_warmup, agent, work, args.warmup_lr)
+        warmup_seconds = time.perf_counter() - t
+        evals["warm start"] = evaluate(
+            start, dev, args.dev_questions, agent, args.llm_options, work / "eval" / "warm.json"
+        )
+    before = evals["warm start" if args.format_warmup else "base"]
     config = ArenaRLConfig(
-        model=str(base),
+        model=str(start),
         output_dir=str(work / "grpo"),
-        train_files=[str(DATA / f) for f in TRAIN],
+        train_files=train,
         train_limit=args.train_questions,
         steps=args.steps,
         prompts_per_step=args.prompts,
@@ -127,42 +214,68 @@ def main() -> None:
     after = evaluate(
         work / "grpo" / "model", dev, args.dev_questions, agent, args.llm_options, work / "eval" / "grpo.json"
     )
+    evals["GRPO"] = after
 
-    table = {}
-    for metric in METRICS:
-        b, a = before["per_example"][metric], after["per_example"][metric]
-        table[metric] = {
-            "before": bootstrap_ci(b, seed=args.seed),
-            "after": bootstrap_ci(a, seed=args.seed),
-            "difference": paired_difference_ci(b, a, seed=args.seed),
+    stages = {
+        name: {m: bootstrap_ci(e["per_example"][m], seed=args.seed) for m in METRICS} for name, e in evals.items()
+    }
+    pairs = [("GRPO", "warm start" if args.format_warmup else "base")]
+    if args.format_warmup:
+        pairs += [("warm start", "base"), ("GRPO", "base")]
+    differences = {
+        f"{a} - {b}": {
+            m: paired_difference_ci(evals[b]["per_example"][m], evals[a]["per_example"][m], seed=args.seed)
+            for m in METRICS
         }
+        for a, b in pairs
+    }
     log = [json.loads(line) for line in (work / "grpo" / "log.jsonl").read_text().splitlines()]
+    step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
     out = {
         "smoke": args.smoke,
         "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
         "dev_questions": before["n"],
         "settings": {**vars(args), "work": str(work), "results": str(results), "agent": dataclasses.asdict(agent)},
-        "metrics": table,
+        "metrics": stages,
+        "differences": differences,
+        "seconds": {
+            "evals": {name: e["seconds"] for name, e in evals.items()},
+            "format_warmup": warmup_seconds,
+            "grpo_steps": step_seconds,
+            "this_run": time.perf_counter() - started,
+        },
         "training": {"summary": summary, "seconds": train_seconds},
         "log": log,
-        "seconds_total": time.perf_counter() - started,
     }
     (results / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    seconds = out["seconds"]
     lines = [
         "# Learning benchmark: ARENA GRPO (LoRA) on the multi-hop train files",
         "",
-        f"`python benchmarks/learn_arena.py{' --smoke' if args.smoke else ''}` on {out['machine']}; "
-        f"{out['seconds_total']:.0f} s in all ({train_seconds:.0f} s training). {before['n']} dev questions.",
+        f"`python benchmarks/learn_arena.py{' --smoke' if args.smoke else ''}` on {out['machine']}. "
+        f"{before['n']} dev questions ({args.dev_questions} per file), {len(log)} GRPO steps x {args.prompts} "
+        f"questions x G={args.group}. Seconds: evals "
+        + ", ".join(f"{k} {v:.0f}" for k, v in seconds["evals"].items())
+        + f"; format warm start {seconds['format_warmup']:.0f}; GRPO steps {step_seconds:.0f}.",
         "",
-        "| metric | before | after | difference (paired 95% CI) | p |",
-        "|---|---|---|---|---|",
+        "| metric | " + " | ".join(stages) + " |",
+        "|---|" + "---|" * len(stages),
     ]
-    for metric, row in table.items():
-        d = row["difference"]
-        lines.append(
-            f"| {metric} | {100 * row['before']['mean']:.1f} | {100 * row['after']['mean']:.1f} | "
-            f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] | {d['p_not_better']:.3f} |"
-        )
+    for metric in METRICS:
+        cells = [
+            f"{100 * s[metric]['mean']:.1f} [{100 * s[metric]['lo']:.1f}, {100 * s[metric]['hi']:.1f}]"
+            for s in stages.values()
+        ]
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    lines += ["", "| metric | " + " | ".join(differences) + " |", "|---|" + "---|" * len(differences)]
+    for metric in METRICS:
+        cells = []
+        for d in (diff[metric] for diff in differences.values()):
+            cells.append(
+                f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] p {d['p_not_better']:.3f}"
+            )
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    lines += ["", "Means with 95% bootstrap CIs; differences paired (same questions), p = share of resamples <= 0."]
     lines += ["", "Training curves: `curves.png` (reward components, KL, entropy, response length per step).", ""]
     (results / "results.md").write_text("\n".join(lines))
     curves = work / "grpo" / "curves.png"
