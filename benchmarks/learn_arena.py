@@ -185,9 +185,9 @@ def main() -> None:
     evals = {"base": evaluate(base, dev, args.dev_questions, agent, args.llm_options, work / "eval" / "base.json")}
     start, warmup_seconds = base, 0.0
     if args.format_warmup:
-        t = time.perf_counter()
         start = format_warmup(base, train, args.train_questions, args.format_warmup, agent, work, args.warmup_lr)
-        warmup_seconds = time.perf_counter() - t
+        sft_log = [json.loads(line) for line in (start / "log.jsonl").read_text().splitlines()]
+        warmup_seconds = next((r["train_runtime"] for r in reversed(sft_log) if "train_runtime" in r), 0.0)
         evals["warm start"] = evaluate(
             start, dev, args.dev_questions, agent, args.llm_options, work / "eval" / "warm.json"
         )
@@ -252,7 +252,7 @@ def main() -> None:
     lines = [
         "# Learning benchmark: ARENA GRPO (LoRA) on the multi-hop train files",
         "",
-        f"`python benchmarks/learn_arena.py{' --smoke' if args.smoke else ''}` on {out['machine']}. "
+        f"`{' '.join(['python', 'benchmarks/learn_arena.py', *sys.argv[1:]])}` on {out['machine']} (last invocation). "
         f"{before['n']} dev questions ({args.dev_questions} per file), {len(log)} GRPO steps x {args.prompts} "
         f"questions x G={args.group}. Seconds: evals "
         + ", ".join(f"{k} {v:.0f}" for k, v in seconds["evals"].items())

@@ -179,7 +179,7 @@ def main() -> None:
     lines = [
         "# Learning benchmark: s3 PPO on the synthetic world (frozen SmolLM2 generator)",
         "",
-        f"`python benchmarks/learn_s3.py{' --smoke' if args.smoke else ''}` on {out['machine']}; "
+        f"`{' '.join(['python', 'benchmarks/learn_s3.py', *sys.argv[1:]])}` on {out['machine']} (last invocation); "
         f"{len(log)} PPO steps x {args.prompts} questions ({step_seconds:.0f} s of steps; evals "
         f"{before['seconds']:.0f} s before, {after['seconds']:.0f} s after; {rewarded} step(s) with a mean reward "
         f"above 0). {len(test)} test questions; training data after the filter: {summary['data']}.",
