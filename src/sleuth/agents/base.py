@@ -31,6 +31,7 @@ class Context:
     retriever: Retriever | None = None
     config: Any = None
     roles: dict[str, LLM] = field(default_factory=dict)
+    _special: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def model(self, role: str | None = None) -> LLM:
         """The LLM playing ``role`` (e.g. s3's frozen ``generator``); the main ``llm`` when no model has that role."""
@@ -75,6 +76,21 @@ class Context:
         """Send one user message (and an optional system message); return the recorded Step."""
         step, _ = await self.generate(trace, kind, Request.chat(user, system), sampling, role=role)
         return step
+
+    def inert(self, text: str) -> str:
+        """``text`` from outside (a passage, a title, tool output) made safe to place in a prompt of this run:
+        :func:`escape_observation` plus every special token of the run's models broken up
+        (:func:`neutralize_special_tokens`), so no passage can open or close a chat turn."""
+        return neutralize_special_tokens(escape_observation(text), self.special_tokens())
+
+    def special_tokens(self) -> tuple[str, ...]:
+        """The special-token strings of every model of the run (the main one and each role)."""
+        if self._special is None:
+            tokens: set[str] = set()
+            for llm in (self.llm, *self.roles.values()):
+                tokens.update(llm.special_tokens())
+            self._special = tuple(sorted(tokens, key=len, reverse=True))
+        return self._special
 
     async def search(self, trace: Trace, query: str, k: int) -> list[Passage]:
         """Top-``k`` passages for ``query``, recorded as a search Step."""
@@ -173,6 +189,16 @@ def escape_observation(text: str) -> str:
     ``a < b`` and ``x > 3`` stay readable."""
     text = _TAG.sub(lambda m: html.escape(m.group(0), quote=False), text)
     return _CONTROL.sub("&lt;", text)
+
+
+def neutralize_special_tokens(text: str, tokens: Iterable[str]) -> str:
+    """Break every occurrence of a special-token string (``<|im_start|>``, ``</s>``, ``[INST]``) by inserting a
+    zero-width space after its first character, so the tokenizer reads ordinary characters where the passage had a
+    control token. One pass over the text per token (linear time); text without any of them is returned unchanged."""
+    for token in tokens:
+        if len(token) > 1 and token in text:
+            text = text.replace(token, token[0] + "\u200b" + token[1:])
+    return text
 
 
 @dataclass

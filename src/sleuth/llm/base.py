@@ -102,6 +102,35 @@ class LLMStats:
     completion_tokens: int = 0
 
 
+#: Control strings of the common chat templates (ChatML/Qwen/SmolLM, Llama 2/3, Mistral, Gemma, Phi, GPT-2), used
+#: where a backend cannot read its tokenizer's own list.
+COMMON_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|end|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "[INST]",
+    "[/INST]",
+    "<<SYS>>",
+    "<</SYS>>",
+    "<s>",
+    "</s>",
+    "<unk>",
+    "<pad>",
+)
+
+
 class LLM(abc.ABC):
     """Base class of the backends. Subclasses implement :meth:`generate` and :meth:`score`."""
 
@@ -117,6 +146,15 @@ class LLM(abc.ABC):
     @abc.abstractmethod
     async def score(self, prompt: Messages | str, completion: str) -> Score:
         """Log-probability of ``completion`` following ``prompt`` (chat messages get the generation prompt)."""
+
+    def special_tokens(self) -> tuple[str, ...]:
+        """The control strings this model's tokenizer turns into special tokens (``<|im_end|>``, ``</s>``, ...).
+
+        Text from outside (passages, tool output) that contains one of them would become a real turn boundary once
+        the prompt is tokenized, so agents neutralise them (:meth:`sleuth.agents.base.Context.inert`). A backend that
+        cannot see its tokenizer (a remote server) returns :data:`COMMON_SPECIAL_TOKENS`.
+        """
+        return COMMON_SPECIAL_TOKENS
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections or threads; the default has nothing to release."""

@@ -123,6 +123,14 @@ class HFLLM(LLM):
             eos.add(self.tokenizer.eos_token_id)
         return eos
 
+    def special_tokens(self) -> tuple[str, ...]:
+        """Every string this tokenizer encodes as one special token (its declared specials and special added tokens)."""
+        declared = set(getattr(self.tokenizer, "all_special_tokens", []) or [])
+        for token in (getattr(self.tokenizer, "added_tokens_decoder", None) or {}).values():
+            if getattr(token, "special", False):
+                declared.add(str(token))
+        return tuple(sorted(t for t in declared if t and t.strip()))
+
     # ----------------------------------------------------------------------------------------------- prompts
     def encode_prompt(self, prompt: Messages | str) -> list[int]:
         """Token ids of a prompt: chat messages get the chat template and the generation prompt."""
