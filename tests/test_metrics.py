@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import doctest
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,45 @@ def test_span_accuracy_is_token_level() -> None:
     assert accuracy("parisian food", ["paris"], mode="cover") == 1.0  # character substring
     assert accuracy("parisian food", ["paris"], mode="span") == 0.0
     assert span_match("tower eiffel", ["eiffel tower"]) == 0.0  # contiguous and in order
+
+
+# Issue 21 item 3. s3's span_check is pyserini's has_answers on SQuAD-normalised text: NFD on both sides, DrQA's
+# SimpleTokenizer ([\p{L}\p{N}\p{M}]+ | [^\p{Z}\p{C}]), lower-cased, then a contiguous token-sequence search.
+COMPOSED, DECOMPOSED = "caf\u00e9", "cafe\u0301"
+
+
+def test_span_match_nfd_matches_composed_and_decomposed_accents() -> None:
+    assert COMPOSED != DECOMPOSED and NORMALIZERS["squad"](COMPOSED) != NORMALIZERS["squad"](DECOMPOSED)
+    assert span_match(f"{COMPOSED} society", [DECOMPOSED], "squad") == 1.0  # the issue's input: reference 1
+    assert span_match(f"{DECOMPOSED} society", [COMPOSED], "squad") == 1.0
+    assert span_match(f"the {COMPOSED.upper()} SOCIETY", [f"{DECOMPOSED} society"], "squad") == 1.0
+    assert span_match(f"{DECOMPOSED} society", ["cafe"], "squad") == 0.0  # a combining mark belongs to its word
+    assert span_match(f"{DECOMPOSED} society", ["society"], "squad") == 1.0
+
+
+def test_span_tokens_follow_drqa_simple_tokenizer() -> None:
+    tokens = metrics._tokens
+    assert tokens(f"{COMPOSED} Au-Lait!") == [DECOMPOSED, "au", "-", "lait", "!"]
+    assert tokens("snake_case") == ["snake", "_", "case"]  # "_" is punctuation (Pc), not part of a word
+    assert tokens("a\u200bb\tc\u00a0d") == ["a", "b", "c", "d"]  # format (Cf), control and space characters split
+    assert tokens("\u0661\u0662 \u4e2d\u6587") == ["\u0661\u0662", "\u4e2d\u6587"]  # any script's letters/digits
+    assert tokens("") == [] and tokens(" \n ") == []
+    # the separator used by the search never occurs in a token, so no match can straddle two tokens
+    assert span_match("ab c", ["a bc"], "squad") == 0.0 and span_match("x a b y", ["a b"], "squad") == 1.0
+
+
+def test_span_match_time_is_linear_in_the_prediction() -> None:
+    gold = ["x " * 200 + "y"]  # a long gold whose prefix repeats all through the prediction: slice-by-slice is n*m
+
+    def seconds(n: int) -> float:
+        pred = "x " * n
+        start = time.perf_counter()
+        assert span_match(pred, gold, "squad") == 0.0
+        return time.perf_counter() - start
+
+    seconds(1000)  # warm-up
+    small, large = min(seconds(20_000) for _ in range(3)), min(seconds(40_000) for _ in range(3))
+    assert large / max(small, 1e-4) < 4.0
 
 
 EMPTY_PREDICTIONS = ["", "   ", "...", "?!", None, "the", "\u201c\u201d", "\u3002"]
@@ -430,48 +470,83 @@ def test_all_supporting_at_k() -> None:
 # ----------------------------------------------------------------------------------------------- score_example
 
 
+QA_KEYS = ("em", "f1", "acc", "acc_either")
+
+
+def _qa(value: float | None, ext: float | None = None) -> dict[str, float | None]:
+    """A qa example's scores: the four headline metrics at ``value``, their ``_ext`` twins at ``ext``."""
+    ext = value if ext is None else ext
+    return {**dict.fromkeys(QA_KEYS, value), **{f"{k}_ext": ext for k in QA_KEYS}}
+
+
 def test_score_example_qa() -> None:
     ex = Example("q1", "Capital of France?", answers=["Paris", "City of Paris"], supporting_ids=["p1", "p2"])
-    assert score_example(ex, "Paris") == {"em": 1.0, "f1": 1.0, "acc": 1.0, "acc_either": 1.0}
+    assert score_example(ex, "Paris") == _qa(1.0)
     scores = score_example(ex, "It is Paris", retrieved_ids=["p1", "p2", "p9"])
     assert scores["em"] == 0.0 and scores["f1"] == pytest.approx(0.5) and scores["acc"] == 1.0
     assert scores["recall@1"] == 0.5 and scores["recall@5"] == 1.0 and scores["recall@10"] == 1.0
     assert scores["all_supporting@1"] == 0.0 and scores["all_supporting@5"] == 1.0
-    assert score_example(ex, None) == {"em": 0.0, "f1": 0.0, "acc": 0.0, "acc_either": 0.0}
+    assert score_example(ex, None) == _qa(0.0)
     assert score_example(Example("q2", "?", answers=["Paris, France"]), "Paris", acc_mode="either")["acc"] == 1.0
     partial = score_example(Example("q3", "?", answers=["Paris, France"]), "Paris")
     assert partial["acc"] == 0.0 and partial["acc_either"] == 1.0
 
 
+# Issue 21 item 10: the headline em/f1/acc use SQuAD's normalisation (what every paper reports); sleuth's extended
+# normalisation (NFKC, Unicode punctuation, number words) is reported beside them as *_ext.
+@pytest.mark.parametrize(
+    ("prediction", "gold"),
+    [
+        ("2", "two"),  # number words
+        ("three kids", "3 kids"),
+        ("\uff12\uff10\uff12\uff14", "2024"),  # full-width digits (NFKC)
+        ("\u201cParis\u201d", "Paris"),  # curly quotes are not string.punctuation
+        ("Jean\u2014Paul", "JeanPaul"),  # an em dash likewise
+        ("\ufb01sh", "fish"),  # the fi ligature
+    ],
+)
+def test_headline_is_squad_and_extended_is_a_named_extra(prediction: str, gold: str) -> None:
+    scores = score_example(Example("q", "?", answers=[gold]), prediction)
+    assert scores["em"] == 0.0 and scores["f1"] < 1.0  # the papers' EM: no match
+    assert scores["em_ext"] == scores["f1_ext"] == scores["acc_ext"] == 1.0  # sleuth's extended EM: a match
+    assert scores["em"] == exact_match(prediction, [gold], NORMALIZERS["squad"])
+    assert scores["em_ext"] == exact_match(prediction, [gold], "extended") == exact_match(prediction, [gold])
+
+
+def test_headline_and_extended_agree_on_plain_ascii() -> None:
+    scores = score_example(Example("q", "?", answers=["The Eiffel Tower"]), "eiffel tower, paris")
+    assert {k: scores[k] for k in QA_KEYS} == {k: scores[f"{k}_ext"] for k in QA_KEYS}
+    assert scores["acc"] == 1.0 and scores["em"] == 0.0 and 0 < scores["f1"] < 1
+    assert set(score_example(Example("q", "?", answers=["x"]), "x", normalizer="extended", extended=None)) == set(
+        QA_KEYS
+    )
+    assert score_example(Example("q", "?", answers=["two"]), "2", normalizer="extended", extended=None)["em"] == 1.0
+
+
 def test_score_example_missing_golds_and_ids() -> None:
     ex = Example("q1", "?", answers=[], supporting_ids=[])
     scores = score_example(ex, "Paris", retrieved_ids=["p1"], ks=(3,))
-    assert scores == {
-        "em": None,
-        "f1": None,
-        "acc": None,
-        "acc_either": None,
-        "recall@3": None,
-        "all_supporting@3": None,
-    }
+    assert scores == {**_qa(None), "recall@3": None, "all_supporting@3": None}
 
 
 def test_score_example_claim_mcq_math() -> None:
     claim = Example("c", "Claim: X.", answers=["SUPPORTED"], kind="claim")
-    assert score_example(claim, "Yes") == {"em": 1.0, "acc": 1.0}
-    assert score_example(claim, "The claim is refuted") == {"em": 0.0, "acc": 0.0}
+    assert score_example(claim, "Yes") == {"em": 1.0, "acc": 1.0, "em_ext": 1.0, "acc_ext": 1.0}
+    assert score_example(claim, "The claim is refuted", extended=None) == {"em": 0.0, "acc": 0.0}
 
     mcq = Example("m", "Which?", answers=["Paracetamol"], kind="mcq", metadata={"options": OPTIONS})
-    assert score_example(mcq, "(C)") == {"acc": 1.0}
-    assert score_example(mcq, "A") == {"acc": 0.0}
+    assert score_example(mcq, "(C)") == {"acc": 1.0, "acc_ext": 1.0}
+    assert score_example(mcq, "A", extended=None) == {"acc": 0.0}
     mcq_idx = Example("m2", "Which?", answers=[], kind="mcq", metadata={"options": OPTIONS, "answer_idx": "D"})
-    assert score_example(mcq_idx, "Answer: D") == {"acc": 1.0}
+    assert score_example(mcq_idx, "Answer: D", extended=None) == {"acc": 1.0}
     no_options = Example("m3", "Which?", answers=["Codeine"], kind="mcq")
-    assert score_example(no_options, "codeine") == {"em": 1.0, "f1": 1.0, "acc": 1.0, "acc_either": 1.0}
+    assert score_example(no_options, "codeine") == _qa(1.0)
 
     math_ex = Example("d", "Growth rate?", answers=["12.5"], kind="math")
-    assert score_example(math_ex, "0.125") == {"acc": 1.0}
-    assert score_example(math_ex, "0.13") == {"acc": 0.0}
+    assert score_example(math_ex, "0.125") == {"acc": 1.0, "acc_ext": 1.0}
+    assert score_example(math_ex, "0.13", extended=None) == {"acc": 0.0}
+    word_gold = Example("d2", "Which segment?", answers=["\u201cRetail\u201d"], kind="math")
+    assert score_example(word_gold, "Retail") == {"acc": 0.0, "acc_ext": 1.0}  # curly quotes: extended only
 
     with pytest.raises(ValueError, match="kind"):
         score_example(Example("x", "?", answers=["a"], kind="essay"), "a")
@@ -612,6 +687,8 @@ def test_gen_acc_span_first_then_judge() -> None:
     llm = ScriptedJudge(["yes"])
     assert asyncio.run(gen_acc(llm, "It is Paris.", ["Paris"])) == 1.0  # type: ignore[arg-type]
     assert llm.requests == []  # span_check passed; no judge call
+    assert asyncio.run(gen_acc(llm, "caf\u00e9 society", ["cafe\u0301"])) == 1.0  # type: ignore[arg-type]
+    assert llm.requests == []  # NFD: the accent forms match in span_check too, without the judge
     assert asyncio.run(gen_acc(llm, "The French capital", ["Paris"])) == 1.0  # type: ignore[arg-type]
     assert len(llm.requests) == 1
     assert asyncio.run(gen_acc(ScriptedJudge([]), "", ["Paris"])) == 0.0  # type: ignore[arg-type]

@@ -150,9 +150,15 @@ class Normalizer:
 
 
 DEFAULT_NORMALIZER = Normalizer()
+# sleuth's extended normalisation (NFKC, Unicode punctuation, number words): the default of the metric functions,
+# and the ``*_ext`` columns of an evaluation.
+EXTENDED_NORMALIZER = DEFAULT_NORMALIZER
+# The papers' normalisation (SQuAD v1.1): the headline em/f1/acc of an evaluation, comparable with their tables.
+SQUAD_NORMALIZER = Normalizer(style="squad", number_words=None)
 NORMALIZERS: dict[str, Normalizer] = {
     "default": DEFAULT_NORMALIZER,
-    "squad": Normalizer(style="squad", number_words=None),
+    "extended": EXTENDED_NORMALIZER,
+    "squad": SQUAD_NORMALIZER,
     "acesearcher": Normalizer(style="squad", number_words="whole"),
     "arena": Normalizer(style="arena", number_words=None),
 }
@@ -231,13 +237,41 @@ def f1_score(
     return max((_f1(pred.split(), g.split(), overlap) for g in _norm_golds(golds, norm)), default=0.0)
 
 
-def _tokens(normalized: str) -> list[str]:
-    return re.findall(r"\w+|[^\w\s]", normalized)
+def _tokens(text: str) -> list[str]:
+    """Unicode NFD, then DrQA's ``SimpleTokenizer`` (``[\\p{L}\\p{N}\\p{M}]+|[^\\p{Z}\\p{C}]``), lower-cased: the
+    tokenisation of pyserini's ``has_answers``, which s3's ``span_check`` calls. A run of letters, digits and
+    combining marks is one token (so ``"cafe\\u0301"`` stays one word), every other visible character is a token of
+    its own, and separators and control characters split. One pass over the text.
+
+    >>> _tokens("Café au-lait!") == ["cafe\\u0301", "au", "-", "lait", "!"]
+    True
+    """
+    tokens: list[str] = []
+    start = -1
+    text = unicodedata.normalize("NFD", text)
+    for i, ch in enumerate(text):
+        major = unicodedata.category(ch)[0]
+        if major in "LNM":
+            if start < 0:
+                start = i
+            continue
+        if start >= 0:
+            tokens.append(text[start:i].lower())
+            start = -1
+        if major not in "ZC":
+            tokens.append(ch.lower())
+    if start >= 0:
+        tokens.append(text[start:].lower())
+    return tokens
+
+
+# Tokens never hold a separator or control character, so joining with one turns a token-sequence search into a
+# substring search (linear in practice, where comparing slices at every offset is not).
+_SEP = "\x00"
 
 
 def _contains_span(haystack: list[str], needle: list[str]) -> bool:
-    n = len(needle)
-    return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
+    return bool(needle) and (_SEP + _SEP.join(needle) + _SEP) in (_SEP + _SEP.join(haystack) + _SEP)
 
 
 def accuracy(
@@ -255,7 +289,8 @@ def accuracy(
       (``create_train_data.py``; the release ships no evaluation scorer). It credits a prediction that is a piece
       of the gold ("no" for "Norway", "1" for "1984"), which is why it is not the default.
     - ``mode="span"``: the gold's token list is a contiguous sub-list of the prediction's tokens, s3's
-      ``span_check`` (pyserini ``has_answers`` on SQuAD-normalised text); "1" does not match "1984".
+      ``span_check`` (pyserini ``has_answers`` on SQuAD-normalised text: NFD, DrQA tokens, lower-case, see
+      :func:`_tokens`); "1" does not match "1984", and a precomposed "é" matches "e" + combining accent.
 
     >>> accuracy("He was born in Paris, France.", ["Paris"]), accuracy("Paris", ["Paris, France"])
     (1.0, 0.0)
@@ -593,12 +628,18 @@ def numbers_match(pred: Any, gold: Any, rel_tol: float = 0.0015, *, docmath_rule
 _BOOL_GOLDS = {"true", "false", "yes", "no"}
 
 
-def docmath_accuracy(prediction: Any, golds: Golds | float | int, rel_tol: float = 0.0015) -> float:
+def docmath_accuracy(
+    prediction: Any,
+    golds: Golds | float | int,
+    rel_tol: float = 0.0015,
+    *,
+    normalizer: Normalizer | str = DEFAULT_NORMALIZER,
+) -> float:
     """1.0 if the prediction's number matches some gold number under :func:`numbers_match` (DocMath-Eval ``get_acc``).
 
     A gold that is true/false/yes/no is compared as a label (DocMath's bool answers, via :func:`claim_label`); any
-    other non-numeric gold falls back to :func:`exact_match`. An empty or number-free prediction scores 0 (DocMath
-    itself substitutes "0" for an empty prediction, which would match a gold of 0).
+    other non-numeric gold falls back to :func:`exact_match` with ``normalizer``. An empty or number-free prediction
+    scores 0 (DocMath itself substitutes "0" for an empty prediction, which would match a gold of 0).
 
     >>> docmath_accuracy("The answer is $1,200 thousand", ["1.2 million"]), docmath_accuracy("", ["0"])
     (1.0, 0.0)
@@ -618,7 +659,7 @@ def docmath_accuracy(prediction: Any, golds: Golds | float | int, rel_tol: float
             continue
         gold_value = parse_number(gold)
         if gold_value is None:
-            if exact_match(pred_text, [str(gold)]):
+            if exact_match(pred_text, [str(gold)], normalizer):
                 return 1.0
         elif pred_value is not None and numbers_match(pred_value, gold_value, rel_tol):
             return 1.0
@@ -669,30 +710,14 @@ def all_supporting_at_k(retrieved_ids: Sequence[Any], supporting_ids: Iterable[A
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def score_example(
-    example: Example,
-    prediction: str | None,
-    retrieved_ids: Sequence[Any] | None = None,
-    *,
-    normalizer: Normalizer | str = DEFAULT_NORMALIZER,
-    acc_mode: AccMode = "cover",
-    ks: Sequence[int] = (1, 5, 10),
-) -> dict[str, float | None]:
-    """The metrics of one answered example, chosen by ``example.kind``; a None prediction (a failed trace) is "".
+# The metrics an evaluation reports twice: under the papers' SQuAD normalisation (headline) and, with this suffix,
+# under sleuth's extended one.
+EXT_SUFFIX = "_ext"
+HEADLINE_METRICS = ("em", "f1", "acc", "acc_either")
 
-    - ``qa``: ``em``, ``f1``, ``acc`` (:func:`exact_match`, :func:`f1_score`, :func:`accuracy` with ``acc_mode``)
-      and ``acc_either`` (AceSearcher's two-way containment, to compare with its tables).
-    - ``claim``: ``em`` and ``acc``, both :func:`claim_accuracy` (Yes/No label match, AceSearcher FV EM).
-    - ``mcq``: ``acc`` (:func:`mcq_accuracy` with ``metadata["options"]`` and the gold from
-      :func:`mcq_gold_letter`); without options the example is scored as ``qa``.
-    - ``math``: ``acc`` (:func:`docmath_accuracy`).
 
-    A metric is None when the example has no usable gold. With ``retrieved_ids``, ``recall@k`` and
-    ``all_supporting@k`` for each k in ``ks`` (None when the example has no ``supporting_ids``).
-    """
-    pred = prediction or ""
+def _answer_scores(example: Example, pred: str, norm: Normalizer, acc_mode: AccMode) -> dict[str, float | None]:
     kind = example.kind
-    norm = _normalizer(normalizer)
     scores: dict[str, float | None] = {}
     has_golds = bool(_norm_golds(example.answers, norm))
     options = example.metadata.get("options") or {}
@@ -712,9 +737,49 @@ def score_example(
         scores["acc"] = None if gold is None else mcq_accuracy(pred, options, gold)
     elif kind == "math":
         has_math_gold = any(str(a).strip() for a in example.answers)
-        scores["acc"] = docmath_accuracy(pred, example.answers) if has_math_gold else None
+        scores["acc"] = docmath_accuracy(pred, example.answers, normalizer=norm) if has_math_gold else None
     else:
         raise ValueError(f"unknown example kind {example.kind!r}; expected qa, claim, mcq or math")
+    return scores
+
+
+def score_example(
+    example: Example,
+    prediction: str | None,
+    retrieved_ids: Sequence[Any] | None = None,
+    *,
+    normalizer: Normalizer | str = SQUAD_NORMALIZER,
+    extended: Normalizer | str | None = EXTENDED_NORMALIZER,
+    acc_mode: AccMode = "cover",
+    ks: Sequence[int] = (1, 5, 10),
+) -> dict[str, float | None]:
+    """The metrics of one answered example, chosen by ``example.kind``; a None prediction (a failed trace) is "".
+
+    - ``qa``: ``em``, ``f1``, ``acc`` (:func:`exact_match`, :func:`f1_score`, :func:`accuracy` with ``acc_mode``)
+      and ``acc_either`` (AceSearcher's two-way containment, to compare with its tables).
+    - ``claim``: ``em`` and ``acc``, both :func:`claim_accuracy` (Yes/No label match, AceSearcher FV EM).
+    - ``mcq``: ``acc`` (:func:`mcq_accuracy` with ``metadata["options"]`` and the gold from
+      :func:`mcq_gold_letter`); without options the example is scored as ``qa``.
+    - ``math``: ``acc`` (:func:`docmath_accuracy`).
+
+    These headline metrics use ``normalizer``, SQuAD v1.1's by default: the normalisation of the numbers the
+    papers report, so sleuth's numbers can stand beside theirs. With ``extended`` (default: sleuth's
+    :data:`EXTENDED_NORMALIZER`, which also folds Unicode and number words and so scores at least as high on most
+    answers) every headline metric is reported a second time under the same name plus ``_ext`` (``em_ext``,
+    ``f1_ext``, ...); ``extended=None`` leaves them out. For claims and options the two agree.
+
+    A metric is None when the example has no usable gold. With ``retrieved_ids``, ``recall@k`` and
+    ``all_supporting@k`` for each k in ``ks`` (None when the example has no ``supporting_ids``).
+
+    >>> scores = score_example(Example("q", "How many?", answers=["two"]), "2")
+    >>> scores["em"], scores["em_ext"]
+    (0.0, 1.0)
+    """
+    pred = prediction or ""
+    scores = _answer_scores(example, pred, _normalizer(normalizer), acc_mode)
+    if extended is not None:
+        ext = _answer_scores(example, pred, _normalizer(extended), acc_mode)
+        scores.update({f"{name}{EXT_SUFFIX}": value for name, value in ext.items()})
     if retrieved_ids is not None:
         for k in ks:
             scores[f"recall@{k}"] = recall_at_k(retrieved_ids, example.supporting_ids, k)
