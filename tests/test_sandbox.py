@@ -7,10 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sleuth import sandbox
 from sleuth.sandbox import ProgramResult, arun_program, extract_program, run_program
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs POSIX resource limits")
@@ -146,7 +155,7 @@ def test_fresh_directory_and_empty_environment() -> None:
     result = run_program("import random\nos = random._os\nans = [os.getcwd(), sorted(os.environ)]")
     assert result.ok, result.error
     cwd, env = result.value
-    assert Path(cwd).name.startswith("sleuth-sandbox-") and not Path(cwd).exists()  # removed afterwards
+    assert cwd == "/work"  # the scratch directory, mounted as /work in the program's own root file system
     assert set(env) <= {"LC_CTYPE"}  # Python's own C-locale coercion at most; nothing from the parent
 
 
@@ -172,3 +181,220 @@ def test_extract_program_from_raw_text() -> None:
     assert extract_program("Here is the program:\nans = 3") == ("ans = 3", "raw_text_trimmed")
     code, fallback = extract_program("no code at all, just words")
     assert fallback == "raw_text" and not run_program(code).ok
+
+
+# -- the OS layer alone: every attack below runs with the in-process Python guards switched off ----------------------
+# (python_guards=False: no import/open guards, no audit hook), as a program that has disabled them would.
+
+UNGUARDED = {"python_guards": False, "timeout_s": 3}
+
+
+def _probe(expression: str) -> str:
+    """Program text that stores ``expression``'s value, or the name of the exception it raised, in ``ans``."""
+    return f"import os, sys\ntry:\n    ans = {expression}\nexcept BaseException as exc:\n    ans = type(exc).__name__"
+
+
+def test_the_closure_exploit_gains_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reported escape: the guards' shared closure cell is overwritten, then the program runs as it likes."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOKEN-FILE")
+    monkeypatch.setenv("SLEUTH_TEST_SECRET", "TOKEN-ENV")
+    code = f"""
+imp = __builtins__['__import__']
+dict(zip(imp.__code__.co_freevars, imp.__closure__))['refuse'].cell_contents = lambda r: None
+os = __import__('os')
+rc = os.system('id > {tmp_path}/pwned.txt')
+seen = []
+for path in ['/etc/passwd', '/etc/shadow', '/proc/%d/environ' % os.getppid(), {str(secret)!r}]:
+    try:
+        seen.append(open(path, 'rb').read()[:200].decode('latin-1'))
+    except BaseException as exc:
+        seen.append(type(exc).__name__)
+ans = [rc, seen, os.getuid(), dict(os.environ)]
+"""
+    result = run_program(code, timeout_s=3)
+    assert result.ok, result.error  # the guards really were disabled: the program ran to the end
+    rc, seen, uid, env = result.value
+    assert rc != 0  # os.system could not start a shell: no child processes
+    assert seen == ["FileNotFoundError"] * 4  # none of these paths exists in the program's root
+    assert "TOKEN" not in str(result.value) and "SLEUTH_TEST_SECRET" not in env
+    assert not (tmp_path / "pwned.txt").exists()
+    if os.geteuid() == 0:
+        assert uid == sandbox.NOBODY
+
+
+def test_the_file_system_is_the_programs_own(tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("TOKEN")
+    listing = run_program(_probe("sorted(os.listdir('/'))"), **UNGUARDED).value
+    tops = {"work"} | {p.strip("/").split("/")[0] for p in sandbox._bind_paths()}
+    assert set(listing) <= tops and "etc" not in listing and "proc" not in listing and "tmp" not in listing
+    for path in ("/etc/shadow", "/etc/passwd", "/proc/self/status", str(tmp_path / "secret.txt"), "/dev/mem"):
+        assert run_program(_probe(f"os.stat({path!r})"), **UNGUARDED).value == "FileNotFoundError", path
+    assert run_program(_probe("os.listdir('/root')"), **UNGUARDED).value in ("FileNotFoundError", [".pyenv"], [])
+    for target in ("/usr/pwned", "/pwned", "/lib/pwned", sys.base_prefix + "/pwned"):
+        value = run_program(_probe(f"open({target!r}, 'w').write('x')"), **UNGUARDED).value
+        assert value in ("OSError", "PermissionError"), (target, value)  # EROFS / EACCES
+        assert not os.path.exists(target)
+    # the scratch directory is writable, and gone afterwards
+    assert run_program(_probe("open('/work/out.txt', 'w').write('abc')"), **UNGUARDED).value == 3
+
+
+def test_the_environment_and_the_parent_are_out_of_sight(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLEUTH_TEST_SECRET", "TOKEN")
+    value = run_program(_probe("[dict(os.environ), os.getppid(), os.getpid()]"), **UNGUARDED).value
+    env, ppid, pid = value
+    assert "SLEUTH_TEST_SECRET" not in env and "TOKEN" not in str(env)
+    assert (ppid, pid) == (1, 2)  # its own PID namespace: PID 1 is the sandbox's reaper, no host process is visible
+    # the reaper runs as root (the program cannot signal it) or, unprivileged, as init (which ignores the signal)
+    assert run_program(_probe("os.kill(1, 9) or 'sent'"), **UNGUARDED).value in ("PermissionError", "sent")
+    assert run_program(_probe("os.setuid(0)"), **UNGUARDED).value == "PermissionError"
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list[object]]]:
+    """A TCP server on 127.0.0.1 that records the connections it accepts (bounded: it stops with the test)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.2)
+    accepted: list[object] = []
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            accepted.append(conn)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    done.set()
+    thread.join(2)
+    server.close()
+
+
+def test_there_is_no_network(listener: tuple[int, list[object]]) -> None:
+    port, accepted = listener
+    for expression in (
+        f"__import__('socket').create_connection(('127.0.0.1', {port}), timeout=1)",
+        "__import__('socket').create_connection(('1.1.1.1', 53), timeout=1)",
+        "__import__('socket').getaddrinfo('localhost', 80)",
+    ):
+        value = run_program(_probe(expression), **UNGUARDED).value
+        assert value in ("OSError", "ConnectionRefusedError", "gaierror", "TimeoutError"), (expression, value)
+    interfaces = run_program(_probe("[name for _, name in __import__('socket').if_nameindex()]"), **UNGUARDED).value
+    assert interfaces in (["lo"], [], "OSError")  # a fresh network namespace: a loopback that is down at most
+    assert accepted == []
+
+
+def test_no_child_processes_and_no_shell(tmp_path: Path) -> None:
+    assert run_program(_probe("os.fork()"), **UNGUARDED).value == "BlockingIOError"
+    code = _probe(f"__import__('subprocess').run(['touch', '{tmp_path}/pwned']).returncode")
+    assert run_program(code, **UNGUARDED).value == "BlockingIOError"
+    assert not (tmp_path / "pwned").exists()
+
+
+def _processes_with(argv: list[str]) -> list[int]:
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes() == wanted:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _orphan_program(seconds: int) -> str:
+    # a child that leaves the program's session and sleeps on; the program itself then spins until its timeout
+    return (
+        "import os\nif os.fork() == 0:\n    os.setsid()\n"
+        f"    os.execv('/bin/sleep', ['sleep', '{seconds}'])\nwhile True:\n    pass"
+    )
+
+
+def test_nothing_the_program_starts_outlives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    seconds = random.randint(50_000, 90_000)  # a marker no other process on the machine has in its command line
+    monkeypatch.setitem(sandbox._test_overrides, "nproc", 64)  # allow processes, to show the namespace reaps them
+    result = run_program(_orphan_program(seconds), python_guards=False, timeout_s=1)
+    assert result.error == "timeout"
+    deadline = time.monotonic() + 5
+    while _processes_with(["sleep", str(seconds)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(["sleep", str(seconds)]) == []
+
+
+def test_without_the_pid_namespace_the_orphan_would_survive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test above can fail: with only rlimits (and processes allowed) the same orphan outlives the timeout."""
+    seconds = random.randint(50_000, 90_000)
+    monkeypatch.setitem(sandbox._test_overrides, "nproc", 64)
+    run_program(_orphan_program(seconds), python_guards=False, timeout_s=1, isolation="rlimits")
+    survivors = []
+    deadline = time.monotonic() + 5
+    while not survivors and time.monotonic() < deadline:
+        survivors = _processes_with(["sleep", str(seconds)])
+        time.sleep(0.05)
+    for pid in survivors:
+        os.kill(pid, 9)
+    assert survivors
+
+
+def test_memory_and_time_limits_hold_without_the_guards() -> None:
+    assert run_program("ans = len(bytearray(10 * 1024 ** 3))", python_guards=False, memory_mb=256).error == "memory"
+    assert run_program("while True:\n    pass", python_guards=False, timeout_s=0.5).error == "timeout"
+    spin = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
+    assert run_program(spin, python_guards=False, timeout_s=0.5).error == "timeout"
+
+
+def test_it_fails_closed_where_namespaces_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # an invalid unshare flag makes the kernel refuse the call, as a container that forbids unshare would
+    monkeypatch.setitem(sandbox._test_overrides, "fault_flags", 0x1)
+    result = run_program("print('ran')\nans = 1")
+    assert not result.ok and result.error.startswith("sandbox unavailable: unshare")
+    assert "SLEUTH_SANDBOX=rlimits" in result.error and result.stdout == ""  # the program never ran
+    # the documented opt-in runs it with the weaker isolation
+    assert run_program("ans = 1", isolation="rlimits").value == 1
+    monkeypatch.setenv("SLEUTH_SANDBOX", "rlimits")
+    assert run_program("ans = 2").value == 2
+    monkeypatch.setenv("SLEUTH_SANDBOX", "none")
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        run_program("ans = 3")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root to set up the case")
+def test_unprivileged_callers_get_a_user_namespace() -> None:
+    """Run by a non-root uid (here inside a user namespace, uid 1000): the program gets its own user namespace and
+    the same isolation."""
+    script = (
+        "from sleuth.sandbox import run_program\n"
+        "import os\n"
+        "probe = \"import os\\nans = [os.getuid(), sorted(os.listdir('/')), os.getpid()]\"\n"
+        "r = run_program(probe, python_guards=False)\n"
+        "print(os.geteuid(), r.ok, r.value, r.error)"
+    )
+    out = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        out.stdout.startswith("1000 True [1000, ")
+        and "'etc'" not in out.stdout
+        and out.stdout.rstrip().endswith("2] None")
+    )
+
+
+def test_text_the_program_cannot_encode_comes_back_clean() -> None:
+    result = run_program("ans = 'ANS-7 \ud800'")  # a lone surrogate in the source (as a model may write it)
+    assert result.ok and "\ud800" not in result.value
+    result.value.encode("utf-8")
+    value = run_program("ans = ['x' + chr(0xD800)]").value  # made inside the program
+    assert value[0].startswith("x") and "\ud800" not in value[0]
