@@ -7,17 +7,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sleuth.agents.exsearch import ExSearchConfig
-from sleuth.llm import Sampling
+from sleuth.llm import LLM, Generation, Request, Sampling
+from sleuth.llm.base import Score
 from sleuth.records import Example, Passage
 from sleuth.train import exsearch_em
 from sleuth.train.exsearch_em import (
+    BestOfLLM,
     EMConfig,
+    best_of_sampler,
     build_weighted_records,
     fireact_trajectories,
     normalize_weights,
@@ -29,7 +33,7 @@ from sleuth.train.exsearch_em import (
 )
 from sleuth.train.rollouts import Rollout
 from sleuth.train.tokens import IGNORE_INDEX, TokenizationError, tokenize_chat
-from tests.scripted import ListRetriever
+from tests.scripted import ListRetriever, ScriptedLLM
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -89,6 +93,153 @@ def test_truncation_keeps_the_end(tokenizer: Any) -> None:
     full = tokenize_chat(tokenizer, CHAT)
     cut = tokenize_chat(tokenizer, CHAT, max_length=10)
     assert cut.truncated and cut.input_ids == full.input_ids[-10:] and cut.model_mask == full.model_mask[-10:]
+
+
+# ------------------------------------------------------------------------------------------------ best-of sampling
+
+
+class _Recording(LLM):
+    """A real backend whose generate calls are recorded (every candidate best-of sees), nothing else changed."""
+
+    def __init__(self, inner: LLM) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls: list[tuple[list[Request], Sampling, list[Generation]]] = []
+        self.scored: list[tuple[Any, str]] = []
+
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        out = await self.inner.generate(requests, sampling)
+        self.calls.append((requests, sampling, out))
+        return out
+
+    async def score(self, prompt: Any, completion: str) -> Score:
+        self.scored.append((prompt, completion))
+        return await self.inner.score(prompt, completion)
+
+
+def test_best_of_keeps_the_candidate_of_highest_log_probability(tiny_model_dir: Path) -> None:
+    """vLLM best_of=n, n=1: sample n, keep the one the model itself finds most likely (checked with score())."""
+    import asyncio
+
+    from sleuth.llm import load_llm
+
+    llm = load_llm(f"hf:{tiny_model_dir}")
+    recorded = _Recording(llm)
+    best = BestOfLLM(recorded, 6)
+    requests = [Request.chat(q) for q in ("Who wrote it?", "Where was Ann born?", "Which river?", "Name a city.")]
+    sampling = Sampling(temperature=1.0, max_new_tokens=5, seed=11)
+
+    async def go() -> tuple[list[Generation], list[list[float]]]:
+        kept = await best.generate(requests, sampling)
+        (_, wide, candidates) = recorded.calls[0]
+        assert wide.n == 6 and wide.temperature == 1.0 and len(recorded.calls) == 1
+        scores = []
+        for request, generation in zip(requests, candidates, strict=True):
+            found = [await llm.score(request.messages or [], t) for t in generation.texts]
+            scores.append([s.logprob if t else -math.inf for s, t in zip(found, generation.texts, strict=True)])
+        return kept, scores
+
+    kept, scores = asyncio.run(go())
+    candidates = recorded.calls[0][2]
+    picked = []
+    for generation, pool, logprobs in zip(kept, candidates, scores, strict=True):
+        assert len(pool.texts) == 6 and len(generation.texts) == 1
+        index = pool.texts.index(generation.text)
+        assert logprobs[index] == pytest.approx(max(logprobs), abs=1e-4)
+        assert generation.token_ids == [pool.token_ids[index]]  # the kept sample's own tokens, finish reason
+        assert generation.completion_tokens == [pool.completion_tokens[index]]
+        picked.append(index)
+    assert any(i != 0 for i in picked)  # it did choose: the first sample is not simply passed on
+    assert best.report()["calls"] == 4 and best.report()["candidates"] == 24
+    assert best.report()["mean_logprob_kept"] >= best.report()["mean_logprob_first_sample"]
+
+
+def test_best_of_one_and_greedy_leave_sampling_unchanged(tiny_model_dir: Path) -> None:
+    import asyncio
+
+    from sleuth.llm import load_llm
+
+    llm = load_llm(f"hf:{tiny_model_dir}")
+    requests = [Request.chat("Who wrote it?"), Request.chat("Where was Ann born?")]
+    sampling = Sampling(temperature=1.0, max_new_tokens=5, seed=5)
+    plain = asyncio.run(llm.generate(requests, sampling))
+    recorded = _Recording(llm)
+    through = asyncio.run(BestOfLLM(recorded, 1).generate(requests, sampling))
+    assert [g.texts for g in through] == [g.texts for g in plain]
+    assert recorded.calls[0][1] == sampling and recorded.scored == []  # one sample each, nothing scored
+    asyncio.run(BestOfLLM(recorded, 8).generate(requests, Sampling(max_new_tokens=5)))  # greedy: no best-of
+    assert recorded.calls[-1][1].n == 1 and recorded.scored == []
+
+    sampler, record = best_of_sampler(llm, 1, sampling)
+    assert sampler is llm and record == {"best_of": 1, "applied": False, "reason": "best_of=1"}
+    sampler, record = best_of_sampler(llm, 8, Sampling())
+    assert sampler is llm and not record["applied"] and "greedy" in record["reason"]
+    sampler, record = best_of_sampler(llm, 8, sampling)
+    assert isinstance(sampler, BestOfLLM) and sampler.best_of == 8 and record["applied"]
+    scripted = ScriptedLLM(["x"])  # a backend that cannot score: plain sampling, and the reason is recorded
+    sampler, record = best_of_sampler(scripted, 8, sampling)
+    assert sampler is scripted and not record["applied"] and "NotImplementedError" in record["reason"]
+    with pytest.raises(ValueError, match="best_of"):
+        EMConfig(best_of=0).validate()
+    assert EMConfig().best_of == 8  # the reference's vLLM best_of
+
+
+class _Ranked(LLM):
+    """Candidate i of every call ends in the digit i; the model "prefers" candidate 2 (log-prob -|i - 2|)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scored_prompts: list[Any] = []
+        self.requests: list[list[dict[str, str]]] = []
+
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        out = []
+        for request in requests:
+            messages = request.messages or []
+            self.requests.append(messages)
+            turn = sum(m["role"] == "assistant" for m in messages)
+            final = "end search" in messages[-1]["content"]
+            if final:
+                texts = [f"answer {i}" for i in range(sampling.n)]
+            elif turn == 0:
+                texts = [f"<THINK> query {i}" for i in range(sampling.n)]
+            else:
+                texts = [f"<RECORD> fact {i}\n<FINAL>" for i in range(sampling.n)]
+            out.append(
+                Generation(texts=texts, completion_tokens=[2] * sampling.n, finish_reasons=["stop"] * sampling.n)
+            )
+        return out
+
+    async def score(self, prompt: Any, completion: str) -> Score:
+        self.scored_prompts.append(prompt)
+        digit = int(re.findall(r"\d", completion)[-1])
+        return Score(logprob=-abs(digit - 2), token_logprobs=[], tokens=[])
+
+
+def test_best_of_applies_to_each_model_turn_of_a_trajectory() -> None:
+    """vLLM best_of acts per generate() call, so every turn of the multi-turn rollout is the best of its own
+    candidates, each scored after the conversation so far."""
+    from sleuth.agents import Context
+    from sleuth.runner import run
+
+    ranked = _Ranked()
+    agent = ExSearchConfig(k=1, max_steps=3, sampling=Sampling(temperature=0.8, max_new_tokens=8))
+    retriever = ListRetriever([Passage(id="p1", title="Ann", text="Ann was born in Paris.")])
+    example = Example(id="q1", question="Where was Ann born?", answers=["Paris"])
+    ctx = Context(llm=BestOfLLM(ranked, 4), retriever=retriever, config=agent)
+    trace = run("exsearch", [example], ctx, progress=False)[0]
+    assert trace.error is None
+    assert [s.output for s in trace.steps if s.kind != "search"] == [
+        "<THINK> query 2",
+        "<RECORD> fact 2\n<FINAL>",
+        "answer 2",
+    ]
+    assert [s.query for s in trace.steps if s.kind == "search"] == ["query 2"]
+    assert trace.answer == "answer 2"
+    assert len(ranked.requests) == 3 and len(ranked.scored_prompts) == 12  # 3 calls x 4 distinct candidates
+    for i, messages in enumerate(ranked.requests):  # each candidate is scored after that turn's own context
+        assert ranked.scored_prompts[4 * i : 4 * i + 4] == [messages] * 4
+    assert ranked.requests[1][1]["content"] == "<THINK> query 2"  # the next turn continues the kept one
 
 
 # ------------------------------------------------------------------------------------------------ weights
@@ -334,6 +485,7 @@ def _loop_config(tmp_path: Path, tiny_model_dir: Path, **overrides: Any) -> EMCo
         iterations=2,
         patience=5,
         agent=ExSearchConfig(k=2, max_steps=2, sampling=Sampling(max_new_tokens=6), answer_max_new_tokens=4),
+        best_of=2,
     )
     return dataclasses.replace(config, **overrides)
 
@@ -359,6 +511,12 @@ def test_em_loop_on_a_tiny_model_writes_stats_and_resumes(
     assert stats0["trajectories"]["n"] + sum(stats0["degenerate"].values()) == 3 * 2
     assert stats0["policy"] == str(out / "warmup" / "model") and stats0["dev"]["n"] == 2
     assert json.loads((out / "warmup" / "data_summary.json").read_text())["records"] == 3
+    assert json.loads((out / "config.json").read_text())["best_of"] == 2  # the setting, and that it was applied
+    best_of = json.loads((out / "iter0" / "estep.json").read_text())["best_of"]
+    assert best_of["best_of"] == 2 and best_of["applied"] and best_of["reason"] is None
+    assert best_of["calls"] >= 3 * 2 * 2 and best_of["candidates"] == 2 * best_of["calls"]  # >= think + answer
+    assert stats0["best_of"] == best_of
+    assert json.loads((out / "iter0" / "rollouts" / "store.json").read_text())["best_of"] == 2
     rollouts = (out / "iter1" / "rollouts" / "rollouts.jsonl").read_text()
 
     monkeypatch.setattr(exsearch_em, "train_weighted", real)

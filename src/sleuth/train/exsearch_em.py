@@ -15,10 +15,11 @@ training conversation is byte for byte the chat the agent sends at inference:
   gold passage's sentence that states the sub-answer, answer = the gold answer.
 
 **E-step** (Alg. 1): sample ``samples`` (K = 2) trajectories per training question with θ(t) (the agent with the
-rollout temperature) into a rollout store; the weight of trajectory z is ``w(z) = p(y | x, z; θ(t))``, the
-probability of the *gold* answer y teacher-forced after the trajectory and the finalization turn, computed with the
-backend's ``score`` (§4.3's recommended fix of the paper's skeleton: the answer tokens are appended, not read off
-the trajectory's last positions). ``weighting``:
+rollout temperature) into a rollout store, each model call keeping the most likely of ``best_of`` (8) samples as the
+reference's vLLM ``best_of`` does (:class:`BestOfLLM`; recorded in ``estep.json``); the weight of trajectory z is
+``w(z) = p(y | x, z; θ(t))``, the probability of the *gold* answer y teacher-forced after the trajectory and the
+finalization turn, computed with the backend's ``score`` (§4.3's recommended fix of the paper's skeleton: the answer
+tokens are appended, not read off the trajectory's last positions). ``weighting``:
 
 - ``likelihood`` (default, Algorithm 1): the raw ``w(z)``; questions whose trajectories all fail weigh ~0;
 - ``self_normalized``: ``softmax_k(log w_k)`` over the K trajectories of a question (self-normalised importance
@@ -42,6 +43,7 @@ Output layout (every stage is skipped on a rerun once its result exists, so a ki
     OUT/config.json, OUT/index/ (BM25 of the corpus when no index is given)
     OUT/warmup/data.jsonl, data_summary.json, trainer/ (checkpoints), model/, dev.json
     OUT/iter{t}/rollouts/            E-step trajectories (rollout store)
+    OUT/iter{t}/estep.json           degenerate rollouts, the best-of setting and whether it was applied, seconds
     OUT/iter{t}/weighted.jsonl       M-step records: {id, question_id, messages, weight, log_p_answer, ...}
     OUT/iter{t}/trainer/, model/     M-step checkpoints, θ(t+1)
     OUT/iter{t}/stats.json           weight distribution, trajectory length, searches, dev EM/F1, seconds
@@ -76,7 +78,9 @@ from sleuth.train.rollouts import Rollout, RolloutStore, collect, model_revision
 
 __all__ = [
     "WEIGHTINGS",
+    "BestOfLLM",
     "EMConfig",
+    "best_of_sampler",
     "build_weighted_records",
     "fireact_trajectories",
     "main",
@@ -132,6 +136,9 @@ class EMConfig:
     samples: int = 2
     temperature: float = 0.8
     top_p: float = 0.95
+    # vLLM best_of in the code (every model call of a rollout keeps the most likely of best_of samples); 1 = plain
+    # sampling. Applied only when the backend can score() chat prompts, else recorded as not applied (BestOfLLM).
+    best_of: int = 8
     weighting: Literal["likelihood", "self_normalized", "em", "f1", "uniform"] = "likelihood"
     length_normalize: bool = False
     # M-step [paper Table 6: lr 2e-6, cosine, warm-up 10%, batch 4 x 16, cutoff 8192]
@@ -161,7 +168,7 @@ class EMConfig:
             raise ValueError(f"weighting={self.weighting!r}; expected one of {WEIGHTINGS}")
         if self.token_reduction not in ("mean", "sum"):
             raise ValueError(f"token_reduction={self.token_reduction!r}; expected 'mean' or 'sum'")
-        for name in ("samples", "iterations", "batch_size", "per_device_batch_size", "patience"):
+        for name in ("samples", "best_of", "iterations", "batch_size", "per_device_batch_size", "patience"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.agent.tags not in TAG_SETS:
@@ -401,6 +408,116 @@ def synth_trajectories(
 # ---------------------------------------------------------------------------------------------------------------
 # E-step
 # ---------------------------------------------------------------------------------------------------------------
+
+
+class BestOfLLM(LLM):
+    """vLLM's ``best_of`` over any backend that can ``score``: each ``generate`` call samples ``best_of`` candidates
+    per request and keeps the ``n`` whose text is most likely under the model, ``score(prompt, text).logprob``.
+
+    The reference samples every model call with vLLM ``best_of=8, n=1`` (digest §2.7, ``_inference.py``), and vLLM
+    applies it per ``generate()`` call, so in a multi-turn ExSearch rollout each model turn (and the selection and
+    answer calls) is the best of ``best_of`` continuations of the conversation so far; a trajectory is not chosen as
+    a whole. Differences from vLLM: the log-probability is the model's own (temperature 1, from ``score`` on the
+    returned text) where vLLM V0, the only version with ``best_of``, summed the log-probs of its temperature-scaled
+    distribution over the generated tokens; an empty candidate ranks last, since ``score`` cannot express the
+    probability of ending at once. Ties keep the earlier sample. Greedy requests and ``best_of <= n`` pass through.
+    """
+
+    def __init__(self, inner: LLM, best_of: int) -> None:
+        super().__init__()
+        if best_of < 1:
+            raise ValueError("best_of must be >= 1")
+        self.inner = inner
+        self.best_of = best_of
+        self.spec = inner.spec
+        self.stats = inner.stats
+        self.counts: Counter[str] = Counter()
+        self._kept_logprob = 0.0
+        self._first_logprob = 0.0
+
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        if sampling.greedy or self.best_of <= sampling.n:
+            return await self.inner.generate(requests, sampling)
+        wide = dataclasses.replace(sampling, n=self.best_of)
+        generations = await self.inner.generate(requests, wide)
+        picked = await asyncio.gather(
+            *(self._pick(r, g, sampling.n) for r, g in zip(requests, generations, strict=True))
+        )
+        return list(picked)
+
+    async def _pick(self, request: Request, generation: Generation, n: int) -> Generation:
+        prompt = request.messages if request.messages is not None else request.prompt or ""
+        texts = generation.texts
+        distinct = [t for t in dict.fromkeys(texts) if t]
+        scores = await asyncio.gather(*(self.inner.score(prompt, t) for t in distinct))
+        logprob = {t: -math.inf if math.isnan(s.logprob) else s.logprob for t, s in zip(distinct, scores, strict=True)}
+        ranked = sorted(range(len(texts)), key=lambda i: -logprob.get(texts[i], -math.inf))
+        keep = ranked[:n]
+        self.counts["calls"] += 1
+        self.counts["candidates"] += len(texts)
+        self.counts["scored"] += len(distinct)
+        self.counts["kept_not_first"] += keep[0] != 0
+        if math.isfinite(logprob.get(texts[keep[0]], -math.inf)) and math.isfinite(logprob.get(texts[0], -math.inf)):
+            self.counts["finite"] += 1
+            self._kept_logprob += logprob[texts[keep[0]]]
+            self._first_logprob += logprob[texts[0]]
+
+        def take(values: list[Any] | None) -> list[Any] | None:
+            return [values[i] for i in keep] if values is not None and len(values) == len(texts) else values
+
+        return Generation(
+            texts=[texts[i] for i in keep],
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=take(generation.completion_tokens) or [],
+            finish_reasons=take(generation.finish_reasons) or [],
+            token_ids=take(generation.token_ids),
+        )
+
+    async def score(self, prompt: Any, completion: str) -> Any:
+        return await self.inner.score(prompt, completion)
+
+    def special_tokens(self) -> tuple[str, ...]:
+        return self.inner.special_tokens()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "best_of": self.best_of}
+
+    def report(self) -> dict[str, Any]:
+        """What best-of did: model calls it applied to, candidates sampled and distinct ones scored, how often the
+        kept candidate was not the first sample, and the mean log-probability of the kept vs the first sample."""
+        finite = self.counts["finite"]
+        return {
+            "calls": self.counts["calls"],
+            "candidates": self.counts["candidates"],
+            "scored": self.counts["scored"],
+            "kept_not_first": self.counts["kept_not_first"],
+            "mean_logprob_kept": self._kept_logprob / finite if finite else None,
+            "mean_logprob_first_sample": self._first_logprob / finite if finite else None,
+        }
+
+
+def best_of_sampler(llm: LLM, best_of: int, sampling: Sampling) -> tuple[LLM, dict[str, Any]]:
+    """The LLM the E-step samples with, and the record of the best-of setting: ``llm`` wrapped in
+    :class:`BestOfLLM` when ``best_of > 1``, the rollouts sample (temperature > 0; vLLM refuses best_of with
+    greedy decoding) and the backend can ``score`` a chat prompt (probed once); else ``llm`` itself, with the
+    reason best-of was not applied."""
+    record: dict[str, Any] = {"best_of": best_of, "applied": False, "reason": None}
+    if best_of <= 1:
+        record["reason"] = "best_of=1"
+        return llm, record
+    if sampling.greedy:
+        record["reason"] = "greedy rollouts (temperature 0)"
+        return llm, record
+    try:
+        asyncio.run(llm.score([{"role": "user", "content": "Hello"}], "Hello"))
+    except Exception as exc:  # any refusal means the backend cannot rank candidates
+        record["reason"] = f"the backend cannot score chat prompts ({type(exc).__name__}: {exc})"[:300]
+        return llm, record
+    record["applied"] = True
+    return BestOfLLM(llm, best_of), record
 
 
 def trajectory_messages(trace: Trace, answer: str | None = None) -> list[dict[str, str]] | None:
@@ -859,28 +976,37 @@ def train_exsearch(
             weighted = it / "weighted.jsonl"
             if not weighted.exists():
                 started = time.perf_counter()
+                rollout_agent = config.rollout_agent()
+                llm = factory(policy)
+                sampler, best_of = best_of_sampler(llm, config.best_of, rollout_agent.sampling)
                 producer = {
                     "method": METHOD,
-                    "config": to_mapping(config.rollout_agent()),
+                    "config": to_mapping(rollout_agent),
                     "model": str(policy),
                     "model_revision": model_revision(policy),
                     "iteration": t,
                     "samples": config.samples,
                 }
+                if best_of["applied"]:  # absent when not applied: stores sampled before the option still resume
+                    producer["best_of"] = config.best_of
                 store = RolloutStore(it / "rollouts", producer=producer)
-                llm = factory(policy)
                 _seed(config.seed * 1000 + t)
-                _log(config, f"iteration {t}: E-step, {config.samples} trajectories x {len(train)} questions")
-                ctx = Context(llm=llm, retriever=retriever, config=config.rollout_agent())
+                how = f"best of {config.best_of} per model call" if best_of["applied"] else "plain sampling"
+                if config.best_of > 1 and not best_of["applied"]:
+                    how += f", best_of not applied: {best_of['reason']}"
+                _log(config, f"iteration {t}: E-step, {config.samples} trajectories x {len(train)} questions ({how})")
+                ctx = Context(llm=sampler, retriever=retriever, config=rollout_agent)
                 collect(METHOD, train, ctx, store, config.samples, config.concurrency, config.progress)
+                if isinstance(sampler, BestOfLLM):
+                    best_of.update(sampler.report())
                 seconds["sampling"] = time.perf_counter() - started
                 started = time.perf_counter()
                 records, info = build_weighted_records(store, llm, config)
                 seconds["weights"] = time.perf_counter() - started
-                del llm, ctx
+                del llm, ctx, sampler
                 _free_memory()
                 _write_jsonl(weighted, records)
-                _write_json(it / "estep.json", {**info, "seconds": seconds})
+                _write_json(it / "estep.json", {**info, "best_of": best_of, "seconds": seconds})
             records = _read_jsonl(weighted)
             info = json.loads((it / "estep.json").read_text())
             seconds = dict(info.get("seconds", {}))  # a run killed during the M-step keeps its E-step timings
@@ -893,6 +1019,7 @@ def train_exsearch(
                 "policy": str(policy),
                 "model": str(model_dir),
                 "weighting": config.weighting,
+                "best_of": info.get("best_of"),
                 "trajectories": weight_stats(records),
                 "degenerate": info.get("degenerate", {}),
                 "m_step": train_stats,
@@ -921,6 +1048,7 @@ def train_exsearch(
                 "weight": (s.get("trajectories") or {}).get("weight"),
                 "searches": (s.get("trajectories") or {}).get("searches_per_trajectory"),
                 "sampled_em": (s.get("trajectories") or {}).get("sampled_em"),
+                "best_of": {k: (s.get("best_of") or {}).get(k) for k in ("best_of", "applied")},
             }
             for s in history
         ],
