@@ -423,3 +423,117 @@ def test_score_errors(server: ScriptedServer) -> None:
     server.logprobs = False
     with pytest.raises(LLMError, match="does not support echo logprobs"):
         run(_score_and_close(llm, "hi", " there"))
+
+
+# ------------------------------------------------------------------------------------------------ deadlines
+
+
+class StallingServer:
+    """A raw socket server on 127.0.0.1 that reads a request's headers, then either trickles a response one byte
+    every ``interval`` seconds or sends nothing at all. Every loop is bounded, and ``close`` ends them."""
+
+    def __init__(self, trickle: bool, interval: float = 0.5, max_seconds: float = 60.0) -> None:
+        self.trickle, self.interval, self.max_seconds = trickle, interval, max_seconds
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.connections = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        deadline = time.monotonic() + self.max_seconds
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._handle, args=(conn, deadline), daemon=True).start()
+
+    def _handle(self, conn: socket.socket, deadline: float) -> None:
+        with conn:
+            conn.settimeout(0.1)
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 1 << 16 and time.monotonic() < deadline:
+                try:
+                    chunk = conn.recv(4096)
+                except TimeoutError:
+                    continue
+                if not chunk:
+                    return
+                head += chunk
+            body = b'{"choices": [{"index": 0, "message": {"content": "' + b"x" * 200 + b'"}}]}'
+            pending = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            pending += b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                if self.trickle and pending:
+                    try:
+                        conn.sendall(pending[:1])
+                    except OSError:
+                        return  # the client gave up
+                    pending = pending[1:]
+                self.stop.wait(self.interval)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.fixture
+def trickling() -> Iterator[StallingServer]:
+    server = StallingServer(trickle=True)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[StallingServer]:
+    server = StallingServer(trickle=False)
+    yield server
+    server.close()
+
+
+def test_a_trickling_server_cannot_stretch_an_attempt_past_its_timeout(trickling: StallingServer) -> None:
+    llm = make_llm(trickling.url, timeout=2, max_retries=0)
+    start = time.monotonic()
+    with pytest.raises(LLMError, match="timed out after 2 s") as info:
+        run(_generate_and_close(llm, [Request.chat("q")], Sampling()))
+    elapsed = time.monotonic() - start
+    assert 1.5 < elapsed < 6.0, elapsed  # one byte every 0.5 s would keep it open for 30 s+
+    assert "1 attempt" in str(info.value)
+
+
+def test_a_silent_server_is_given_up_on_at_the_calls_deadline(silent: StallingServer) -> None:
+    llm = make_llm(silent.url, timeout=1, max_retries=20, backoff=0.01, deadline=2.5)
+    start = time.monotonic()
+    with pytest.raises(LLMError, match="deadline of 2.5 s passed") as info:
+        run(_generate_and_close(llm, [Request.chat("q")], Sampling()))
+    elapsed = time.monotonic() - start
+    assert 2.0 < elapsed < 7.0, elapsed  # 21 attempts of 1 s each would take 21 s
+    assert 2 <= llm.stats.calls <= 4 and silent.connections == llm.stats.calls
+    assert "timed out" in str(info.value)
+
+
+def test_deadline_is_a_spec_option(server: ScriptedServer) -> None:
+    llm = make_llm(server.url, deadline=7)
+    assert llm.deadline == 7.0 and llm.describe()["deadline"] == 7.0
+    assert _BACKENDS["openai"]("m@http://127.0.0.1:9/v1", {}).deadline == 300.0
+    with pytest.raises(LLMError, match="deadline"):
+        _BACKENDS["openai"]("m@http://127.0.0.1:9/v1", {"deadline": "0"})
+
+
+def test_a_lone_surrogate_in_a_reply_or_a_prompt_is_made_encodable(server: ScriptedServer) -> None:
+    reply = b'{"choices": [{"index": 0, "message": {"content": "ANS-7 \\ud800"}}], "usage": {}}'
+    server.queue(("raw", reply))
+    llm = make_llm(server.url)
+    gens = run(_generate_and_close(llm, [Request.chat("q")], Sampling()))
+    assert gens[0].texts == ["ANS-7 \ufffd"]
+    gens[0].texts[0].encode("utf-8")
+    gens = run(_generate_and_close(llm, [Request.chat("echo \ud800")], Sampling()))  # httpx's json= would raise
+    assert server.received[-1].body["messages"][-1]["content"] == "echo \ufffd"
+    assert gens[0].texts[0].startswith("answer to echo \ufffd")

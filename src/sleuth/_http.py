@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from sleuth.records import encodable
+
 BACKOFF_CAP_S = 30.0
 RETRY_STATUSES = frozenset({408, 429})
 ERROR_SNIPPET_CHARS = 500
@@ -45,6 +47,15 @@ def backoff_delay(attempt: int, backoff: float, retry_after: str | None = None, 
                 return min(seconds, cap)
     base = backoff * 2**attempt
     return min(base + random.uniform(0, 0.1 * base), cap)
+
+
+def json_body(value: Any) -> bytes:
+    """``value`` as a UTF-8 JSON request body; lone surrogates in its strings become U+FFFD instead of raising
+    (httpx's own ``json=`` encoding raises UnicodeEncodeError on them)."""
+    return encodable(json.dumps(value, ensure_ascii=False, allow_nan=False)).encode("utf-8")
+
+
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def snippet(value: Any) -> str:

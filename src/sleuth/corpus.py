@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from sleuth.records import Passage
+from sleuth.records import Passage, encodable
 
 __all__ = ["FORMATS", "CorpusError", "CorpusReader", "detect_format", "read_corpus"]
 
@@ -123,9 +123,10 @@ def _parse_searchr1(line: bytes) -> Passage:
     contents = obj.get("contents")
     if type(contents) is not str:
         raise _Malformed("missing contents" if contents is None else "contents is not a string")
-    title, text = split_contents(contents)
+    title, text = split_contents(encodable(contents))
     if not text:
         raise _Malformed("empty text")
+    pid = encodable(pid)
     if len(obj) == 2:
         return Passage(pid, title, text)
     return Passage(pid, title, text, meta={k: v for k, v in obj.items() if k != "id" and k != "contents"})
@@ -149,6 +150,8 @@ def _parse_jsonl(line: bytes) -> Passage:
         if title is not None:
             raise _Malformed("title is not a string")
         title = ""
+    # JSON escapes can spell lone surrogates, which no UTF-8 writer accepts.
+    pid, title, text = encodable(pid), encodable(title), encodable(text)
     if len(obj) <= 3 and ("title" in obj or len(obj) == 2):
         return Passage(pid, title, text)
     # A line written by Passage.to_dict(): its meta dict is taken over, a null score dropped.
@@ -417,7 +420,8 @@ class CorpusReader:
             title = entry.get("title")
             meta = {"description": entry.get("description", ""), "topic": entry.get("topic", "")}
             self.read += 1
-            yield Passage(key, title if isinstance(title, str) else key, extract, meta=meta)
+            title = title if isinstance(title, str) else key
+            yield Passage(encodable(key), encodable(title), encodable(extract), meta=meta)
 
 
 def read_corpus(path: PathLike, format: str | None = None, strict: bool = False) -> Iterator[Passage]:

@@ -13,9 +13,40 @@ True
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """``text`` made encodable as UTF-8: each lone surrogate becomes U+FFFD, a surrogate pair its character.
+
+    Model replies (the OpenAI client decodes a JSON ``"\\ud800"`` escape to a lone surrogate), passages and
+    dataset rows can carry code points that no UTF-8 writer accepts; they are replaced where text enters sleuth.
+    Text without surrogates is returned as it is (one scan, no copy).
+
+    >>> encodable("ANS-7 \\ud800")
+    'ANS-7 \\ufffd'
+    >>> encodable("\\ud83d\\ude00") == "\\U0001f600"
+    True
+    """
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def encodable_json(value: Any) -> Any:
+    """A JSON-like value (dicts, lists, strings) with every string, keys included, made :func:`encodable`."""
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, list):
+        return [encodable_json(v) for v in value]
+    if isinstance(value, dict):
+        return {encodable(k) if isinstance(k, str) else k: encodable_json(v) for k, v in value.items()}
+    return value
 
 
 def _check_keys(cls: type, data: dict[str, Any]) -> None:
@@ -162,7 +193,9 @@ class Trace:
         return cls(**data)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False)
+        """One line of JSON that always encodes as UTF-8: lone surrogates are replaced (:func:`encodable`) and a
+        value JSON cannot hold (a set, a numpy number, an exception in ``meta``) is written as its ``repr``."""
+        return encodable(json.dumps(self.to_dict(), ensure_ascii=False, default=repr))
 
     @classmethod
     def from_json(cls, line: str) -> Trace:

@@ -52,7 +52,8 @@ async def arun(
 ) -> list[Trace]:
     """Run ``method`` on every example, at most ``concurrency`` at a time; traces come back in input order.
 
-    ``on_trace`` is called as each example finishes (in completion order), e.g. to append it to a jsonl file.
+    ``on_trace`` is called as each example finishes (in completion order), e.g. to append it to a jsonl file; an
+    exception it raises is recorded in that example's ``trace.error`` and the run goes on.
     A ``ctx`` without a config gets the method's default config (set on ``ctx``, so it is recorded in the traces).
     """
     spec = get_agent(method)
@@ -66,7 +67,12 @@ async def arun(
         async with gate:
             trace = await run_one(method, spec.fn, example, ctx)
         if on_trace is not None:
-            on_trace(trace)
+            try:
+                on_trace(trace)
+            except Exception as exc:  # e.g. the trace could not be written: an error of this example, not the run
+                note = f"on_trace failed: {type(exc).__name__}: {exc}"
+                trace.error = f"{trace.error}; {note}" if trace.error else note
+                trace.meta["on_trace_traceback"] = traceback.format_exc(limit=8)
         if bar is not None:
             bar[0].advance(bar[1])
         return trace

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import time
@@ -31,6 +32,8 @@ from sleuth.eval.metrics import score_example
 from sleuth.llm import load_llm
 from sleuth.records import Example, Trace
 from sleuth.retrieval import Retriever, load_retriever
+
+logger = logging.getLogger("sleuth.eval")
 
 RESUME_KEYS = ("method", "data", "format", "limit", "llm", "generator", "index", "open", "method_config")
 
@@ -94,7 +97,11 @@ def score_trace(trace: Trace) -> dict[str, float | None]:
 
 
 def read_traces(path: Path, repair: bool = False) -> list[Trace]:
-    """The complete trace lines of ``path``; with ``repair`` a torn last line (a killed write) is cut off."""
+    """The complete trace lines of ``path``; with ``repair`` a torn last line (a killed write) is cut off.
+
+    A line that does not parse as a Trace is skipped with a warning (logger ``sleuth.eval``), so its example
+    counts as not done and a resume runs it again instead of failing.
+    """
     if not path.exists():
         return []
     data = path.read_bytes()
@@ -106,7 +113,39 @@ def read_traces(path: Path, repair: bool = False) -> list[Trace]:
             with open(path, "r+b") as f:
                 f.truncate(keep)
             data = data[:keep]
-    return [Trace.from_json(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    traces = []
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            traces.append(Trace.from_json(line))
+        except (ValueError, KeyError, TypeError) as exc:  # e.g. a write cut short by a full disk, then resumed
+            logger.warning("%s:%d: skipped an unreadable trace line (%s); its example runs again", path, number, exc)
+    return traces
+
+
+def trace_line(trace: Trace) -> str:
+    """``trace`` as one JSON line ending in a newline, whatever its content.
+
+    :meth:`Trace.to_json` already replaces what UTF-8 cannot hold; a trace that still cannot be serialised (a
+    reference cycle in ``meta``, nesting past the recursion limit) is written without its steps and meta, with the
+    reason added to ``error``, so the example counts as an error instead of stopping the run.
+    """
+    try:
+        return trace.to_json() + "\n"
+    except (TypeError, ValueError, RecursionError) as exc:
+        note = f"trace not serialisable: {type(exc).__name__}: {exc}"
+        trace.error = f"{trace.error}; {note}" if trace.error else note
+        bare = Trace(
+            example=trace.example,
+            method=trace.method,
+            answer=trace.answer,
+            error=trace.error,
+            seconds=trace.seconds,
+            started_at=trace.started_at,
+            meta={"scores": trace.meta.get("scores") or {}},
+        )
+        return bare.to_json() + "\n"
 
 
 def aggregate(traces: Iterable[Trace]) -> dict[str, Any]:
@@ -327,8 +366,15 @@ def _run_dataset(
         bar.start()
 
     def write(trace: Trace) -> None:
-        trace.meta["scores"] = score_trace(trace)
-        sink.write(trace.to_json() + "\n")  # one write per complete line: a kill leaves at most a torn last line
+        try:
+            trace.meta["scores"] = score_trace(trace)
+        except Exception as exc:  # scored as unanswered and kept: a resume would fail on it again
+            note = f"scoring failed: {type(exc).__name__}: {exc}"
+            trace.error = f"{trace.error}; {note}" if trace.error else note
+            trace.meta["scores"] = {}
+        # A failing write (disk full) reaches the runner, which records it in this trace; the line is then
+        # missing, so a resume runs the example again.
+        sink.write(trace_line(trace))  # one write per complete line: a kill leaves at most a torn last line
         sink.flush()
         os.fsync(sink.fileno())
         em = trace.meta["scores"].get("em")

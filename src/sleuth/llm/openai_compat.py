@@ -2,7 +2,7 @@
 
 Spec string::
 
-    openai:MODEL@BASE_URL?concurrency=16&timeout=60&max_retries=5&backoff=0.5&key_env=OPENAI_API_KEY
+    openai:MODEL@BASE_URL?concurrency=16&timeout=60&deadline=300&max_retries=5&backoff=0.5&key_env=OPENAI_API_KEY
 
 ``MODEL@BASE_URL`` is split on the *last* ``@``; ``BASE_URL`` is the API root including ``/v1``, e.g.
 ``http://127.0.0.1:8000/v1``. Without ``@`` the base URL is ``https://api.openai.com/v1``.
@@ -12,7 +12,12 @@ Options (all optional):
 ``concurrency`` (16)
     How many HTTP requests one backend instance has in flight at once (an ``asyncio.Semaphore``).
 ``timeout`` (60)
-    Seconds for each phase of one HTTP request (connect, write, read, pool); a timeout is retried.
+    Seconds one attempt (one HTTP request) may take in all, from connecting to the last byte of the answer; a
+    timed-out attempt is retried. A server that trickles its answer byte by byte cannot stretch it.
+``deadline`` (300)
+    Seconds one call may take in all: every attempt and every backoff wait included (time queued behind
+    ``concurrency`` is not counted). No retry starts that could not finish in time; once it has passed the
+    call fails with :class:`~sleuth.llm.base.LLMError`. Each attempt gets ``min(timeout, time left)``.
 ``max_retries`` (5)
     Retries after the first attempt on timeouts, transport errors (connection refused or reset), HTTP 408, 429
     and 5xx. The wait is ``backoff * 2**attempt`` plus a little jitter, at most 30 s; a numeric ``Retry-After``
@@ -40,12 +45,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from sleuth._http import BACKOFF_CAP_S, RETRY_STATUSES, backoff_delay, number_option, refuse_credentials
+from sleuth._http import (
+    BACKOFF_CAP_S,
+    JSON_HEADERS,
+    RETRY_STATUSES,
+    backoff_delay,
+    json_body,
+    number_option,
+    refuse_credentials,
+)
 from sleuth._http import error_message as _error_message
 from sleuth._http import is_loopback as _is_loopback
 from sleuth._http import snippet as _snippet
@@ -60,6 +74,7 @@ from sleuth.llm.base import (
     register_backend,
     truncate_at_stop,
 )
+from sleuth.records import encodable
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_API_STOPS = 4
@@ -71,7 +86,7 @@ _FINISH_REASONS = {
     "length": "length",
     "max_tokens": "length",
 }
-_OPTIONS = ("concurrency", "timeout", "max_retries", "backoff", "key_env")
+_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env")
 
 
 class OpenAICompatLLM(LLM):
@@ -84,6 +99,7 @@ class OpenAICompatLLM(LLM):
         *,
         concurrency: int = 16,
         timeout: float = 60.0,
+        deadline: float = 300.0,
         max_retries: int = 5,
         backoff: float = 0.5,
         key_env: str = "OPENAI_API_KEY",
@@ -98,6 +114,8 @@ class OpenAICompatLLM(LLM):
             raise LLMError(f"concurrency must be >= 1, got {concurrency}")
         if timeout <= 0:
             raise LLMError(f"timeout must be > 0 seconds, got {timeout}")
+        if deadline <= 0:
+            raise LLMError(f"deadline must be > 0 seconds, got {deadline}")
         if max_retries < 0:
             raise LLMError(f"max_retries must be >= 0, got {max_retries}")
         if backoff < 0:
@@ -108,6 +126,7 @@ class OpenAICompatLLM(LLM):
         self.base_url = base_url
         self.concurrency = concurrency
         self.timeout = timeout
+        self.deadline = deadline
         self.max_retries = max_retries
         self.backoff = backoff
         self.key_env = key_env
@@ -185,7 +204,7 @@ class OpenAICompatLLM(LLM):
                 continue
             if value is None:
                 raise LLMError(f"{url}: no logprob for completion token {token!r} (is the prompt empty?)")
-            picked_tokens.append(str(token))
+            picked_tokens.append(encodable(str(token)))
             picked_values.append(float(value))
         return Score(logprob=sum(picked_values), token_logprobs=picked_values, tokens=picked_tokens)
 
@@ -210,6 +229,7 @@ class OpenAICompatLLM(LLM):
             "base_url": self.base_url,
             "concurrency": self.concurrency,
             "timeout": self.timeout,
+            "deadline": self.deadline,
             "max_retries": self.max_retries,
             "backoff": self.backoff,
             "key_env": self.key_env,
@@ -289,7 +309,7 @@ class OpenAICompatLLM(LLM):
             return ""
         if not isinstance(content, str):
             raise LLMError(f"{url}: malformed response: choice text is {type(content).__name__}, not a string")
-        return content
+        return encodable(content)
 
     @staticmethod
     def _choices(data: dict[str, Any], url: str) -> list[dict[str, Any]]:
@@ -323,25 +343,33 @@ class OpenAICompatLLM(LLM):
         return self._client, self._semaphore
 
     async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` as JSON, retrying transient failures; return the decoded JSON object."""
+        """POST ``body`` as JSON, retrying transient failures; return the decoded JSON object.
+
+        Each attempt is bounded as a whole by ``timeout`` and the call by ``deadline`` (see the module docstring).
+        """
         client, semaphore = self._session()
+        content = json_body(body)
         attempts = self.max_retries + 1
         last_failure = ""
-        for attempt in range(attempts):
+        spent = 0.0  # this call's seconds in attempts and backoff waits
+        attempt = 0
+        for attempt in range(attempts):  # noqa: B007 - attempt is reported after the loop
             retry_after: str | None = None
+            budget = min(self.timeout, self.deadline - spent)
             async with semaphore:
+                started = time.monotonic()
                 try:
-                    response = await client.post(url, json=body)
-                except httpx.TimeoutException as exc:
-                    self.stats.calls += 1
-                    last_failure = f"timed out after {self.timeout:g} s ({type(exc).__name__})"
+                    async with asyncio.timeout(budget):
+                        response = await client.post(url, content=content, headers=JSON_HEADERS)
+                except (httpx.TimeoutException, TimeoutError) as exc:
+                    last_failure = f"timed out after {budget:g} s ({type(exc).__name__})"
                     response = None
                 except httpx.TransportError as exc:
-                    self.stats.calls += 1
                     last_failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                     response = None
-                else:
+                finally:
                     self.stats.calls += 1
+                    spent += time.monotonic() - started
             if response is not None:
                 status = response.status_code
                 if 200 <= status < 300:
@@ -352,9 +380,19 @@ class OpenAICompatLLM(LLM):
                 last_failure = f"HTTP {status}: {message}"
                 retry_after = response.headers.get("retry-after")
             if attempt + 1 < attempts:
+                delay = self._delay(attempt, retry_after)
+                if spent + delay >= self.deadline:
+                    break
                 self.stats.retries += 1
-                await asyncio.sleep(self._delay(attempt, retry_after))
-        tries = f"{attempts} attempt{'s' if attempts != 1 else ''} ({self.max_retries} retries)"
+                await asyncio.sleep(delay)
+                spent += delay
+        made = attempt + 1
+        tries = f"{made} attempt{'s' if made != 1 else ''} ({made - 1} retries)"
+        if made < attempts:
+            raise LLMError(
+                f"POST {url} failed: the call's deadline of {self.deadline:g} s passed after {tries} and "
+                f"{spent:.1f} s; last failure: {last_failure}"
+            )
         raise LLMError(f"POST {url} failed after {tries}; last failure: {last_failure}")
 
     def _delay(self, attempt: int, retry_after: str | None) -> float:
@@ -418,6 +456,7 @@ def make_openai_llm(target: str, options: dict[str, str]) -> OpenAICompatLLM:
         base_url,
         concurrency=number_option(options, "concurrency", int, 16, LLMError, "openai spec"),
         timeout=number_option(options, "timeout", float, 60.0, LLMError, "openai spec"),
+        deadline=number_option(options, "deadline", float, 300.0, LLMError, "openai spec"),
         max_retries=number_option(options, "max_retries", int, 5, LLMError, "openai spec"),
         backoff=number_option(options, "backoff", float, 0.5, LLMError, "openai spec"),
         key_env=options.get("key_env") or "OPENAI_API_KEY",

@@ -15,7 +15,7 @@ from typing import Any, overload
 from urllib.parse import parse_qsl
 
 from sleuth.batching import BatchStats, MicroBatcher
-from sleuth.records import Passage
+from sleuth.records import Passage, encodable
 
 INDEX_MANIFEST = "sleuth-index.json"
 
@@ -37,7 +37,7 @@ class Retriever(abc.ABC):
         return 0
 
     async def asearch(self, query: str, k: int) -> list[Passage]:
-        return await self._batcher().submit((query, k))
+        return await self._batcher().submit((encodable(query), k))
 
     @property
     def batch_stats(self) -> BatchStats:

@@ -42,7 +42,7 @@ from sleuth._http import (
     snippet,
 )
 from sleuth.corpus import split_contents
-from sleuth.records import Passage
+from sleuth.records import Passage, encodable
 from sleuth.retrieval.base import RetrievalError, Retriever, register_retriever
 
 _OPTIONS = ("timeout", "max_retries", "backoff", "batch_size", "token_env")
@@ -246,7 +246,8 @@ class RemoteRetriever(Retriever):
                 f"{url}: malformed response: a document has neither 'contents' nor 'text': {snippet(doc)}"
             )
         meta = {key: value for key, value in doc.items() if key not in used}
-        return Passage(id="" if pid is None else str(pid), title=title, text=text, score=score, meta=meta)
+        pid = "" if pid is None else encodable(str(pid))
+        return Passage(id=pid, title=encodable(title), text=encodable(text), score=score, meta=meta)
 
 
 def load_remote(target: str, options: dict[str, str]) -> Retriever:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sleuth.records import Passage
+from sleuth.records import Passage, encodable
 
 PASSAGES = "passages.jsonl"
 OFFSETS = "passages.offsets.npy"
@@ -22,7 +22,7 @@ def passage_line(passage: Passage) -> bytes:
     row: dict[str, object] = {"id": passage.id, "title": passage.title, "text": passage.text}
     if passage.meta:
         row["meta"] = passage.meta
-    return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+    return (encodable(json.dumps(row, ensure_ascii=False)) + "\n").encode("utf-8")
 
 
 class PassageStore:
@@ -41,7 +41,9 @@ class PassageStore:
         if not 0 <= i < len(self):
             raise IndexError(f"passage index {i} out of range (store has {len(self)})")
         row = json.loads(bytes(self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]))
-        return Passage(id=row["id"], title=row["title"], text=row["text"], meta=row.get("meta", {}))
+        # A store written by hand (or by an older sleuth) may hold \ud800-style escapes: made encodable here.
+        pid, title, text = encodable(row["id"]), encodable(row["title"]), encodable(row["text"])
+        return Passage(id=pid, title=title, text=text, meta=row.get("meta", {}))
 
     @staticmethod
     def write(directory: str | Path, chunks: Iterable[Path]) -> int:
