@@ -191,7 +191,7 @@ def test_malformed_tags_are_read_leniently_with_fallbacks() -> None:
         "Need more. <search_complete> false\n<query>Earthship film year</query>",
         "<important_info>1, 3\n<search_complete> TRUE",
     ]
-    ctx, _, generator, retriever = setup(replies)
+    ctx, _, generator, retriever = setup(replies, config=S3Config(tag_parsing="lenient"))
     trace = run_one(ctx)
     assert retriever.queries == [QUESTION, "Earthship film year"]
     first, second = searcher_steps(trace)
@@ -223,7 +223,10 @@ def test_documents_are_deduplicated_by_text() -> None:
         same_text = Passage(id="other-id", title="Copy", text=" Earthship is a passive  solar house.")
         return [same_text, INITIAL[1], *docs_for(query)]
 
-    replies = ['<query>{"query": "q1"}</query>', "<important_info>[1, 2, 3]</important_info><search_complete>True"]
+    replies = [
+        '<query>{"query": "q1"}</query>',
+        "<important_info>[1, 2, 3]</important_info><search_complete>True</search_complete>",
+    ]
     ctx, _, generator, _ = setup(replies, retrieve)
     trace = run_one(ctx)
     assert trace.meta["selected_ids"] == ["p1", "p2", "p3", "q1-1"]
@@ -232,11 +235,14 @@ def test_documents_are_deduplicated_by_text() -> None:
 
 
 def test_selection_cap_is_the_paper_default_and_optional() -> None:
-    reply = ['<important_info>[3, 1, 2, 5, 4]</important_info><query>{"query": "q1"}</query>', SELECT_DONE]
-    steps = searcher_steps(run_one(setup(list(reply), lambda q: docs_for(q), S3Config(k_initial=5))[0]))
-    assert steps[0].fallback == "selection_capped" and steps[0].parsed["important_info"] == [3, 1, 2, 5, 4]
+    reply = ['<important_info>[5, 1, 4, 2, 3]</important_info><query>{"query": "q1"}</query>', SELECT_DONE]
+    trace = run_one(setup(list(reply), lambda q: docs_for(q), S3Config(k_initial=5))[0])
+    steps = searcher_steps(trace)
+    assert steps[0].fallback == "selection_capped" and steps[0].parsed["important_info"] == [5, 1, 4, 2, 3]
+    # the cap keeps the first 3 the model wrote (5, 1, 4); they are served in ascending order
+    assert trace.meta["rounds"][0]["selected_ids"] == [f"{QUESTION}-{i}" for i in (1, 4, 5)]
     trace = run_one(setup(list(reply), lambda q: docs_for(q), S3Config(k_initial=5, max_selected=0))[0])
-    assert trace.meta["rounds"][0]["selected_ids"] == [f"{QUESTION}-{i}" for i in (3, 1, 2, 5, 4)]
+    assert trace.meta["rounds"][0]["selected_ids"] == [f"{QUESTION}-{i}" for i in (1, 2, 3, 4, 5)]
     assert searcher_steps(trace)[0].fallback is None
 
 
@@ -295,7 +301,10 @@ def test_code_generator_prompts() -> None:
 
 
 def test_selected_first_is_the_code_order() -> None:
-    replies = ['<query>{"query": "q1"}</query>', "<important_info>[2]</important_info><search_complete>True"]
+    replies = [
+        '<query>{"query": "q1"}</query>',
+        "<important_info>[2]</important_info><search_complete>True</search_complete>",
+    ]
     trace = run_one(setup(replies, config=S3Config(context_order="selected_first"))[0])
     assert trace.meta["selected_ids"] == ["q1-2", "p1", "p2", "p3"]
 
@@ -389,7 +398,8 @@ def test_clean_reply_and_parsers() -> None:
     assert clean_reply('<query>{"query": "a"}', False, False) == ('<query>{"query": "a"}', [])
 
     assert parse_query('{"query": ["first", "second"]}') == ("first", None)
-    assert parse_query('{"query": "broken json"') == ("broken json", "query_json_repaired")
+    assert parse_query('{"query": "broken json"', lenient=True) == ("broken json", "query_json_repaired")
+    assert parse_query('{"query": "broken json"') == ('{"query": "broken json"', "query_not_json")  # the code
     assert parse_query("plain words") == ("plain words", "query_not_json")
     assert parse_query('{"q": 1}') == ('{"q": 1}', "query_not_json")
     assert parse_query("  ") == (None, "empty_query")
@@ -400,7 +410,7 @@ def test_clean_reply_and_parsers() -> None:
     assert parse_reply('{"query": "a"}</query>', False).fallbacks == ["query_open_tag_missing"]
     assert parse_reply("<important_info>none</important_info>", False).fallbacks == ["selection_unparsable"]
     assert parse_reply("<important_info>[]</important_info>", False).selection == []
-    assert parse_reply("<important_info> Doc 2 matters", False).selection is None
+    assert parse_reply("<important_info> Doc 2 matters", False, lenient=True).selection is None
     assert resolve_selection([3, 3, 1, 9], 8, 3) == ([3, 1], ["selection_out_of_range"])
 
 

@@ -178,17 +178,25 @@ def format_passages(passages: list[Passage], style: str = "title_text") -> str:
 
 # -- observations inserted into a model's context (search results) ------------------------------------------------
 
-_TAG = re.compile(r"</?[A-Za-z_][\w-]*(?:\s+[\w-]+)*\s*/?>")  # <answer>, </information>, <Search 2>, <USER QUERY>
-_CONTROL = re.compile(r"<(?=\|)")  # chat-template control tokens such as <|im_end|>
+# Where a tag can start: "<" right before a letter, "_", "/", "|", "!" or "?" (or at the very end, where the next
+# text could supply one). Every lenient parser of model output builds its tag pattern on TAG_OPEN, and
+# escape_observation neutralises every "<" it matches: no text that went through the escape can hold a tag that any
+# of them reads. "<" before a space or a digit ("a < b", "x <3") is never a tag start, for parser and escape alike.
+TAG_OPEN = r"<(?=[^\W\d]|[/|!?]|\Z)"
+_TAG_OPEN = re.compile(TAG_OPEN)
+# Whole tag look-alikes (<answer>, </information>, <Search 2>, <USER QUERY>) are escaped on both sides, so they read
+# as &lt;answer&gt;. Possessive quantifiers: no backtracking, linear time.
+_TAG = re.compile(r"</?[A-Za-z_][\w-]*+(?:\s++[\w-]++)*+\s*+/?>")
 
 
 def escape_observation(text: str) -> str:
     """Make retrieved text inert inside a tagged transcript: every ``<tag>``/``</tag>`` look-alike is HTML-escaped
-    (``&lt;answer&gt;``), so a passage can never close ``<information>``, forge ``<important_info>`` or an
-    ``<answer>``, and chat control tokens (``<|im_end|>``) cannot end a turn. Only tag-shaped substrings change;
-    ``a < b`` and ``x > 3`` stay readable."""
+    (``&lt;answer&gt;``), and every other ``<`` that :data:`TAG_OPEN` reads as the start of a tag (``<FINAL see``,
+    ``<|im_end|>``, ``</``) becomes ``&lt;``. So a passage can never close ``<information>``, forge
+    ``<important_info>``, an ``<answer>`` or an end token, and chat control tokens cannot end a turn. ``a < b`` and
+    ``x > 3`` stay readable. Linear time."""
     text = _TAG.sub(lambda m: html.escape(m.group(0), quote=False), text)
-    return _CONTROL.sub("&lt;", text)
+    return _TAG_OPEN.sub("&lt;", text)
 
 
 def neutralize_special_tokens(text: str, tokens: Iterable[str]) -> str:

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sleuth.agents.base import Context, Transcript, escape_observation, load_prompt, register_agent
+from sleuth.agents.base import TAG_OPEN, Context, Transcript, escape_observation, load_prompt, register_agent
 from sleuth.llm import Request, Sampling
 from sleuth.records import Example, Passage, Step, Trace
 
@@ -99,13 +100,17 @@ _ROLE_OF = {
     "DOCUMENTS": "observation",
     "USER QUERY": "echo",  # the prompt's question marker, often echoed by small models: only a separator
 }
-# ``>`` is optional so that a malformed ``<THINK what ...`` still parses; ``\b`` keeps ``<Finally`` out.
+# A tag starts where base.TAG_OPEN says one can (the "<" that escape_observation neutralises in passages, so a
+# passage echoed by the model holds no tag): "<" right before the name or "/", never "< FINAL". ``>`` is optional so
+# that a malformed ``<THINK what ...`` still parses; ``\b`` keeps ``<Finally`` out. Every quantified run is followed
+# by a character outside it, so finditer is linear in the text.
 _ACTION_TAG = re.compile(
-    r"<\s*(?P<close>/)?\s*(?P<name>THINK|QUERY|RECORD|FACT|KEYWORD|FINAL|FINIAL|SEARCH|REFERENCE|INFORMATION"
+    TAG_OPEN + r"(?P<close>/)?\s*(?P<name>THINK|QUERY|RECORD|FACT|KEYWORD|FINAL|FINIAL|SEARCH|REFERENCE|INFORMATION"
     r"|DOCUMENTS?|USER\s+QUERY)\b(?:\s*(?P<num>\d+))?\s*(?P<gt>>)?",
     re.IGNORECASE,
 )
 _WRITTEN_DOCUMENT = re.compile(r"\[\d+\]\s*Title:", re.IGNORECASE)  # a model writing "[1] Title: ..." itself
+_MAX_DIGITS = 18  # a document number longer than this is out of range (and int() of 4,300+ digits would raise)
 SEARCH_STOPS = ("<SEARCH>", "<search>", "<Search>")  # a thinking turn ends where the model would write results
 
 
@@ -244,7 +249,25 @@ def parse_turn(output: str, tags: TagSet, first: bool) -> ParsedTurn:
     return parsed
 
 
-_OUTPUT_MARKER = re.compile(r"(?:^|\n)\s*(?:final\s+answer|answer|output)\s*:\s*", re.IGNORECASE)
+_WHITESPACE = re.compile(r"\s*")
+_MARKER_WORD = re.compile(r"(?:final\s+answer|answer|output)\s*:\s*", re.IGNORECASE)
+
+
+def _last_output_marker(text: str) -> int | None:
+    """Where the text after the last ``Output:`` / ``Answer:`` / ``Final answer:`` that starts a line begins (what
+    ``finditer`` of ``(?:^|\\n)\\s*(?:final\\s+answer|answer|output)\\s*:\\s*`` would give as the last match's end),
+    in linear time: every line start inside one whitespace run leads to the same word, so each run is read once."""
+    end = None
+    line_start: int | None = 0  # the ^ alternative, then the character after every "\n"
+    while line_start is not None:
+        spaces = _WHITESPACE.match(text, line_start)
+        word = spaces.end() if spaces else line_start
+        marker = _MARKER_WORD.match(text, word)
+        if marker:
+            end = marker.end()
+        found = text.find("\n", marker.end() if marker else word)
+        line_start = found + 1 if found >= 0 else None
+    return end
 
 
 def parse_answer(output: str) -> tuple[str, list[str]]:
@@ -260,9 +283,9 @@ def parse_answer(output: str) -> tuple[str, list[str]]:
     if observation is not None:
         text = text[: observation.start]
         fallbacks.append("hallucinated_observation")
-    markers = list(_OUTPUT_MARKER.finditer(text))
-    if markers and _line_spans(text[markers[-1].end() :]):
-        text = text[markers[-1].end() :]
+    marker = _last_output_marker(text)
+    if marker is not None and _line_spans(text[marker:]):
+        text = text[marker:]
         fallbacks.append("output_marker")
     if _ACTION_TAG.search(text):
         text = _strip_tags(text)
@@ -276,14 +299,17 @@ def parse_answer(output: str) -> tuple[str, list[str]]:
 # -- observations ---------------------------------------------------------------------------------------------------
 
 
-# Beyond escape_observation: numbered or spaced tags (<Search 2>, <USER QUERY>) and chat-template control tokens
-# (<|im_end|>), which would otherwise end the user turn when the hf backend renders the chat template.
-def format_documents(passages: list[Passage], labels: list[int]) -> str:
-    """``[j] Title: t. Content: c`` lines (the paper's and the code's document format), ``j`` 1-based labels."""
+def format_documents(
+    passages: list[Passage], labels: list[int], inert: Callable[[str], str] = escape_observation
+) -> str:
+    """``[j] Title: t. Content: c`` lines (the paper's and the code's document format), ``j`` 1-based labels.
+    Titles and texts go through ``inert`` (the agent passes ``ctx.inert``: tags escaped, special tokens broken)."""
     return "\n".join(
-        f"[{j}] Title: {escape_observation(p.title)}. Content: {escape_observation(p.text)}"
-        for j, p in zip(labels, passages, strict=True)
+        f"[{j}] Title: {inert(p.title)}. Content: {inert(p.text)}" for j, p in zip(labels, passages, strict=True)
     )
+
+
+_SELECTION_FORMAT = re.compile(r"\s*+\[\d++\](?:\s*+>\s*+\[\d++\])*+\s*+")  # possessive: no backtracking
 
 
 def parse_selection(output: str, n: int) -> tuple[list[int], list[str]]:
@@ -294,9 +320,10 @@ def parse_selection(output: str, n: int) -> tuple[list[int], list[str]]:
     candidate (``select_none``).
     """
     fallbacks = []
-    if not re.fullmatch(r"\s*\[\d+\](?:\s*>\s*\[\d+\])*\s*", output):
+    if not _SELECTION_FORMAT.fullmatch(output):
         fallbacks.append("select_format")
-    numbers = list(dict.fromkeys(int(d) for d in re.findall(r"\d+", output)))
+    digits = (d.lstrip("0") or "0" for d in re.findall(r"\d+", output))
+    numbers = list(dict.fromkeys(int(d) if len(d) <= _MAX_DIGITS else -1 for d in digits))
     labels = [j for j in numbers if 1 <= j <= n]
     if len(labels) < len(numbers):
         fallbacks.append("select_out_of_range")
@@ -364,7 +391,7 @@ async def _search(
     labels = list(range(1, len(passages) + 1))
     if config.select and passages:
         prompt = load_prompt("exsearch_select").format(
-            question=query, n_docs=len(passages), docs=format_documents(passages, labels)
+            question=query, n_docs=len(passages), docs=format_documents(passages, labels, ctx.inert)
         )
         budget = config.select_max_new_tokens or config.sampling.max_new_tokens
         step = await ctx.chat(
@@ -375,7 +402,7 @@ async def _search(
         step.meta.update(iteration=i, candidates=[p.id for p in passages])
         _fallback(step, fallbacks)
     chosen = [passages[j - 1] for j in labels]
-    documents = format_documents(chosen, labels)
+    documents = format_documents(chosen, labels, ctx.inert)
     search_tag = f"<{TAG_SETS[config.tags].search}>"
     observation = f"{search_tag} {documents}" if documents else search_tag
     iteration = {

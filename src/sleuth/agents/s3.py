@@ -9,36 +9,43 @@ that the searcher keeps continuing::
                <important_info>[ids]</important_info> <search_complete>True</search_complete>
 
 ``<important_info>`` picks documents of the most recent ``<information>`` block (the initial one included) by
-their number in that block; a block the searcher never tags is kept whole (§2.3). A reply with neither a query
+their number in that block, served in ascending number as the code does; a block the searcher never tags is kept
+whole (§2.3). Tags are read as the code reads them (exact lower case, closed; ``tag_parsing="lenient"`` is the
+option that reads any case and unclosed tags, each recorded as a fallback). A reply with neither a query
 nor ``<search_complete>True`` gets the code's invalid-action feedback, which ends in ``<query>\\n`` so that the next
 reply continues the query. ``max_turns`` search-capable replies are followed by one final reply whose query is
 ignored (the code's ``max_turns + 1`` rounds and its ``do_search=False`` round). The documents kept (deduplicated
 by text) are served to the generator (``ctx.chat(..., role="generator")``, any backend) with the paper's prompt.
 
-Every retrieved title and text is escaped (:func:`~sleuth.agents.base.escape_observation`) before it enters the
-tagged transcript, and a reply that writes its own ``<information>`` block is cut there, so neither a passage nor
-the model can forge evidence, a selection or a stop decision. The trajectory is kept as a
-:class:`~sleuth.agents.base.Transcript` (``trace.meta["transcript"]``: model vs observation text) for RL training,
-which masks observations; the naive-RAG baseline (the same top-3) is kept for the Gain-Beyond-RAG reward.
+Every retrieved title and text goes through ``ctx.inert`` (:func:`~sleuth.agents.base.escape_observation` plus
+the run's chat special tokens broken up) before it enters the tagged transcript or the generator's prompt, and a
+reply that writes its own ``<information>`` block is cut there, so neither a passage nor the model can forge
+evidence, a selection or a stop decision. The trajectory is kept as a :class:`~sleuth.agents.base.Transcript`
+(``trace.meta["transcript"]``: model vs observation text) for RL training, which masks observations; the
+naive-RAG baseline (the same top-3) is kept for the Gain-Beyond-RAG reward.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from rich.console import RenderableType
 from rich.text import Text
 from rich.tree import Tree
 
-from sleuth.agents.base import Context, Transcript, escape_observation, load_prompt, register_agent
+from sleuth.agents.base import TAG_OPEN, Context, Transcript, escape_observation, load_prompt, register_agent
 from sleuth.llm import LLM, Request, Sampling
 from sleuth.records import Example, Passage, Step, Trace
 
 GENERATOR_PROMPTS = ("paper", "code_chat", "code_claude")
 CONTEXT_ORDERS = ("chronological", "selected_first")
+TAG_PARSINGS = ("strict", "lenient")
+SELECTION_ORDERS = ("ascending", "model")
 COMPLETE_VALUES = frozenset({"true", "yes", "1", "y"})  # the code's truthy set for <search_complete>
 NOT_COMPLETE_VALUES = frozenset({"false", "no", "0", "n"})
 QUERY_END = "</query>"
@@ -63,7 +70,19 @@ class S3Config:
     vLLM and 500 for Claude). ``generator_prompt``: ``paper`` (Fig. 12, one user message), ``code_chat`` (the
     code's vLLM format: contexts in a system message, the question as the user message) or ``code_claude``.
     ``context_order``: ``chronological`` (the paper's Table 7 and A.5) or ``selected_first`` (the code: documents
-    of tagged blocks first, then untagged blocks whole).
+    of tagged blocks first, then untagged blocks whole). ``selection_order``: the order of a block's selected
+    documents: ``ascending`` document number (the code, which filters the block's documents by the selected ids:
+    ``<important_info>[8, 1]`` serves Doc 1 then Doc 8) or ``model`` (the order the searcher wrote them).
+
+    ``tag_parsing``: ``strict`` (default; the code's parse, for training and eval alike): tags match only in
+    lower case as the prompt writes them, a tag without its closing tag is no tag (an unclosed
+    ``<important_info>[6]`` leaves its block untagged, so all its documents are served; an unclosed
+    ``<search_complete>True`` does not stop), and a ``<query>`` that is not JSON is searched as its raw text. Each
+    such case is still recorded as a fallback (``*_ignored``, ``tag_case_ignored``, ``query_not_json``).
+    ``lenient``: tags in any case, unclosed ``<important_info>`` / ``<search_complete>`` read up to the first
+    character that cannot belong to them, and the ``"query"`` field pulled out of broken JSON, each recorded as a
+    fallback; a deviation that serves different documents on some replies (3 of 21 audited transcripts).
+    In both modes a reply that writes ``<information>`` itself (any case) is cut there.
 
     Document lines follow the code: ``Doc i (Title: "t") text`` in the initial block and ``Doc i(Title: "t") text``
     (no space) in search observations; ``quote_titles`` keeps the wiki-18 corpus quotes around titles and
@@ -83,6 +102,8 @@ class S3Config:
     observation_title_space: bool = False
     bm25_query_note: bool = False
     question_mark: bool = True
+    tag_parsing: str = "strict"
+    selection_order: str = "ascending"
 
     def __post_init__(self) -> None:
         if self.generator_prompt not in GENERATOR_PROMPTS:
@@ -91,6 +112,12 @@ class S3Config:
             )
         if self.context_order not in CONTEXT_ORDERS:
             raise ValueError(f"S3Config.context_order must be one of {CONTEXT_ORDERS}, not {self.context_order!r}")
+        if self.tag_parsing not in TAG_PARSINGS:
+            raise ValueError(f"S3Config.tag_parsing must be one of {TAG_PARSINGS}, not {self.tag_parsing!r}")
+        if self.selection_order not in SELECTION_ORDERS:
+            raise ValueError(
+                f"S3Config.selection_order must be one of {SELECTION_ORDERS}, not {self.selection_order!r}"
+            )
         if self.k_initial < 1 or self.k < 1 or self.max_turns < 0:
             raise ValueError("S3Config.k_initial and k must be >= 1 and max_turns >= 0")
         if self.max_selected < 0:
@@ -102,19 +129,25 @@ class S3Config:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def format_docs(passages: list[Passage], title_space: bool = True, quote_titles: bool = True) -> str:
-    """Documents as the searcher sees them, one line each: ``Doc i (Title: "t") text\\n`` (escaped)."""
+Inert = Callable[[str], str]  # passage text -> text safe in a prompt (the agent passes ``ctx.inert``)
+
+
+def format_docs(
+    passages: list[Passage], title_space: bool = True, quote_titles: bool = True, inert: Inert = escape_observation
+) -> str:
+    """Documents as the searcher sees them, one line each: ``Doc i (Title: "t") text\\n`` (titles and texts
+    through ``inert``)."""
     space = " " if title_space else ""
     lines = []
     for i, p in enumerate(passages, 1):
         title = f'"{p.title}"' if quote_titles else p.title
-        lines.append(f"Doc {i}{space}(Title: {escape_observation(title)}) {escape_observation(p.text)}\n")
+        lines.append(f"Doc {i}{space}(Title: {inert(title)}) {inert(p.text)}\n")
     return "".join(lines)
 
 
-def observation_text(passages: list[Passage], config: S3Config) -> str:
+def observation_text(passages: list[Passage], config: S3Config, inert: Inert = escape_observation) -> str:
     """The observation inserted after a query (the code's ``\\n\\n<information>{docs}</information>\\n\\n``)."""
-    docs = format_docs(passages, config.observation_title_space, config.quote_titles)
+    docs = format_docs(passages, config.observation_title_space, config.quote_titles, inert)
     return f"\n\n<information>{docs}</information>\n\n"
 
 
@@ -123,9 +156,10 @@ def invalid_action_feedback() -> str:
     return "\n\n" + load_prompt("s3_invalid_action") + "\n"
 
 
-def generator_context(passages: list[Passage]) -> str:
-    """The generator's context string, as the code builds it: ``Doc n (Title: t)\\ntext\\n\\n`` per document."""
-    return "".join(f"Doc {n} (Title: {p.title})\n{p.text}\n\n" for n, p in enumerate(passages, 1))
+def generator_context(passages: list[Passage], inert: Inert = escape_observation) -> str:
+    """The generator's context string, as the code builds it: ``Doc n (Title: t)\\ntext\\n\\n`` per document
+    (titles and texts through ``inert``: no passage can open a chat turn in the generator's prompt)."""
+    return "".join(f"Doc {n} (Title: {inert(p.title)})\n{inert(p.text)}\n\n" for n, p in enumerate(passages, 1))
 
 
 def task_question(example: Example, config: S3Config) -> str:
@@ -140,13 +174,13 @@ def task_question(example: Example, config: S3Config) -> str:
     return question
 
 
-def searcher_prompt(question: str, initial: list[Passage], config: S3Config) -> str:
+def searcher_prompt(question: str, initial: list[Passage], config: S3Config, inert: Inert = escape_observation) -> str:
     """The searcher's user message (§3.2) with the initial documents pasted in."""
     template = load_prompt("s3_searcher")
     if config.bm25_query_note:
         note = load_prompt("s3_searcher_bm25_note")
         template = template.replace(_BM25_NOTE_ANCHOR, "\n" + note + _BM25_NOTE_ANCHOR, 1)
-    docs = format_docs(initial, title_space=True, quote_titles=config.quote_titles).strip()
+    docs = format_docs(initial, title_space=True, quote_titles=config.quote_titles, inert=inert).strip()
     # The official string ends with one newline after </information>; load_prompt strips it.
     return template.format(question=question, initial_searched_results=docs) + "\n"
 
@@ -172,23 +206,66 @@ def searcher_request(llm: LLM, prompt: str, assistant_text: str) -> tuple[Reques
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Parsing a searcher reply (lenient; every rule that was needed is named in ``fallbacks``)
+# Parsing a searcher reply: strict (the code's) by default, lenient as an option; every rule that was needed or
+# every tag that was ignored is named in ``fallbacks``. Each scan is str.find, a case-insensitive literal search or a
+# pattern whose runs end at a character outside them, so parsing is linear in the reply, whatever the model wrote.
 # ---------------------------------------------------------------------------------------------------------------
 
-_QUERY = re.compile(r"<query>(.*?)</query>", re.S | re.I)
-_COMPLETE = re.compile(r"<search_complete>(.*?)</search_complete>", re.S | re.I)
+QUERY_OPEN = "<query>"
+_EXACT_TAGS = frozenset(f"<{c}{n}>" for n in ("query", "search_complete", "important_info") for c in ("", "/"))
+_ANY_CASE_TAG = re.compile(r"</?(?:query|search_complete|important_info)>", re.I)
 _COMPLETE_UNCLOSED = re.compile(r"<search_complete>\s*([A-Za-z0-9]+)", re.I)
-_IMPORTANT = re.compile(r"<important_info>(.*?)</important_info>", re.S | re.I)
-_IMPORTANT_UNCLOSED = re.compile(r"<important_info>([\s\d,\[\]]*)", re.I)
-_MODEL_INFORMATION = re.compile(r"<\s*information\s*>", re.I)
+_SELECTION_RUN = re.compile(r"[\s\d,\[\]]*")
+_DIGITS = re.compile(r"\d+")
+_SELECTION_JUNK = re.compile(r"[^\s\[\],]")
+# Cut where the model writes an evidence block itself (any case, in both modes); built on TAG_OPEN like every tag.
+_MODEL_INFORMATION = re.compile(TAG_OPEN + r"information\s*>", re.I)
 _ANY_TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
 _QUERY_FIELD = re.compile(r'"query"\s*:\s*"((?:[^"\\]|\\.)*)"', re.S)
+_MAX_DIGITS = 18  # a longer document number is out of range (and int() of 4,300+ digits would raise)
+
+
+@cache
+def _any_case(literal: str) -> re.Pattern[str]:
+    return re.compile(re.escape(literal), re.I)
+
+
+class _Tags:
+    """Finds s3's tags in a reply: exactly as written in the prompt (strict) or in any case (lenient)."""
+
+    def __init__(self, text: str, lenient: bool) -> None:
+        self.text = text
+        self.lenient = lenient
+
+    def find(self, literal: str, start: int = 0) -> int:
+        if not self.lenient:
+            return self.text.find(literal, start)
+        found = _any_case(literal).search(self.text, start)
+        return found.start() if found else -1
+
+    def rfind(self, literal: str) -> int:
+        if not self.lenient:
+            return self.text.rfind(literal)
+        last = -1
+        for found in _any_case(literal).finditer(self.text):
+            last = found.start()
+        return last
+
+    def element(self, name: str, start: int = 0) -> tuple[str, int] | None:
+        """The content of the first ``<name>...</name>`` at or after ``start`` and where it ends; None when there is
+        none (``<name>`` without a ``</name>`` after it is no element: the code's non-greedy regex)."""
+        opened = self.find(f"<{name}>", start)
+        if opened < 0:
+            return None
+        body = opened + len(name) + 2
+        closed = self.find(f"</{name}>", body)
+        return None if closed < 0 else (self.text[body:closed], closed + len(name) + 3)
 
 
 @dataclass
 class SearcherTurn:
     """What one searcher reply says: the query (None: none), ``<search_complete>``, and the raw selected doc
-    numbers (None: no ``<important_info>``), with the lenient rules that were needed."""
+    numbers (None: no ``<important_info>``), with the rules that were needed or the tags ignored."""
 
     query: str | None = None
     complete: bool = False
@@ -196,111 +273,147 @@ class SearcherTurn:
     fallbacks: list[str] = field(default_factory=list)
 
 
-def clean_reply(raw: str, query_open: bool, stopped: bool) -> tuple[str, list[str]]:
+def clean_reply(raw: str, query_open: bool, stopped: bool, lenient: bool = False) -> tuple[str, list[str]]:
     """The part of a searcher reply that enters the trajectory.
 
     The code cuts a reply right after its first ``</query>``. A reply that writes ``<information>`` itself is cut
     before it (fallback ``model_information``): only the environment inserts evidence. When the backend stopped
     at the ``</query>`` stop string (``stopped``) the string is not in ``raw``; it is put back when a query is open
     (``query_open``: the previous observation was the feedback, which ends inside ``<query>``) and its body has no
-    tags.
+    tags. ``lenient``: ``</query>`` and ``<query>`` in any case.
     """
-    lower = raw.lower()
-    end = lower.find(QUERY_END)
+    tags = _Tags(raw, lenient)
+    end = tags.find(QUERY_END)
     forged = _MODEL_INFORMATION.search(raw)
     if end >= 0 and (forged is None or end < forged.start()):
         return raw[: end + len(QUERY_END)], []
     if forged is not None:
         return raw[: forged.start()], ["model_information"]
-    opened = lower.rfind("<query>")
-    content = raw[opened + len("<query>") :] if opened >= 0 else raw if query_open else None
+    opened = tags.rfind(QUERY_OPEN)
+    content = raw[opened + len(QUERY_OPEN) :] if opened >= 0 else raw if query_open else None
     # An EOS inside an open query also reads as "stop": only a tag-free query body is taken as cut at </query>.
     if stopped and content is not None and not _ANY_TAG.search(content):
         return raw + QUERY_END, []
     return raw, []
 
 
-def parse_query(content: str) -> tuple[str | None, str | None]:
+def parse_query(content: str, lenient: bool = False) -> tuple[str | None, str | None]:
     """The search query inside ``<query>``: JSON ``{"query": ..}`` (a list: its first item); otherwise the raw
-    text (``query_not_json``), or the ``"query"`` field of broken JSON (``query_json_repaired``)."""
+    text (``query_not_json``, the code), or with ``lenient`` the ``"query"`` field of broken JSON
+    (``query_json_repaired``). Never raises (deep nesting, 4,300+ digit numbers: not JSON)."""
     content = content.strip()
     try:
         value: Any = json.loads(content)
-    except json.JSONDecodeError:
-        match = _QUERY_FIELD.search(content)
+        fallback = None
+        if isinstance(value, dict) and "query" in value:
+            value = value["query"]
+        elif not isinstance(value, str):
+            value, fallback = content, "query_not_json"
+        if isinstance(value, list):
+            value = value[0] if value else ""
+        query = str(value).strip()
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; so is int()'s digit limit
+        match = _QUERY_FIELD.search(content) if lenient else None
         if match:
             try:
                 value = json.loads(f'"{match.group(1)}"')
-            except json.JSONDecodeError:
+            except ValueError:
                 value = match.group(1)
             return (value.strip() or None), "query_json_repaired"
         return (content or None), ("query_not_json" if content else "empty_query")
-    fallback = None
-    if isinstance(value, dict) and "query" in value:
-        value = value["query"]
-    elif not isinstance(value, str):
-        value, fallback = content, "query_not_json"
-    if isinstance(value, list):
-        value = value[0] if value else ""
-    query = str(value).strip()
     return (query or None), (fallback if query else "empty_query")
 
 
-def parse_reply(text: str, query_open: bool) -> SearcherTurn:
+def selection_numbers(content: str) -> tuple[list[int], bool]:
+    """Every integer in ``<important_info>`` content (the code's ``re.findall(r"\\d+")``), and whether one was too
+    long to be a document number (dropped: it is out of range anyway)."""
+    numbers: list[int] = []
+    too_long = False
+    for digits in _DIGITS.findall(content):
+        digits = digits.lstrip("0") or "0"
+        if len(digits) > _MAX_DIGITS:
+            too_long = True
+        else:
+            numbers.append(int(digits))
+    return numbers, too_long
+
+
+def parse_reply(text: str, query_open: bool, lenient: bool = False) -> SearcherTurn:
     """Read a cleaned reply (§2.2): ``<search_complete>`` (true for true/yes/1/y), ``<query>`` and the first
     ``<important_info>`` (all integers in it). A ``</query>`` without ``<query>`` gets ``<query>`` prepended as in
-    the code (the expected form right after the feedback)."""
+    the code (the expected form right after the feedback).
+
+    Strict (default, the code): tags as the prompt writes them, closed; an unclosed ``<important_info>`` or
+    ``<search_complete>`` is ignored (``important_info_unclosed_ignored`` / ``search_complete_unclosed_ignored``),
+    so its block stays untagged and is served whole, and a tag in another case is no tag (``tag_case_ignored``).
+    ``lenient``: any case, and unclosed tags are read (``important_info_unclosed``, ``search_complete_unclosed``).
+    """
     turn = SearcherTurn()
-    lower = text.lower()
-    if QUERY_END in lower and "<query>" not in lower:
-        text = "<query>\n" + text
+    tags = _Tags(text, lenient)
+    if tags.find(QUERY_END) >= 0 and tags.find(QUERY_OPEN) < 0:
+        text = QUERY_OPEN + "\n" + text
+        tags = _Tags(text, lenient)
         if not query_open:
             turn.fallbacks.append("query_open_tag_missing")
 
-    match = _COMPLETE.search(text)
-    value = match.group(1) if match else None
-    if match is None and (unclosed := _COMPLETE_UNCLOSED.search(text)):
-        value = unclosed.group(1)
-        turn.fallbacks.append("search_complete_unclosed")
+    element = tags.element("search_complete")
+    value = element[0] if element else None
+    if element is None and (opened := tags.find("<search_complete>")) >= 0:
+        if not lenient:
+            turn.fallbacks.append("search_complete_unclosed_ignored")
+        elif unclosed := _COMPLETE_UNCLOSED.search(text, opened):
+            value = unclosed.group(1)
+            turn.fallbacks.append("search_complete_unclosed")
     if value is not None:
         value = value.strip().lower()
         turn.complete = value in COMPLETE_VALUES
         if not turn.complete and value not in NOT_COMPLETE_VALUES:
             turn.fallbacks.append("search_complete_unreadable")
 
-    tags = _IMPORTANT.findall(text)
-    content = tags[0] if tags else None
-    if len(tags) > 1:
+    first = tags.element("important_info")
+    content = first[0] if first else None
+    if first is not None and tags.element("important_info", first[1]) is not None:
         turn.fallbacks.append("extra_important_info")
-    if content is None and (unclosed := _IMPORTANT_UNCLOSED.search(text)) and re.search(r"\d", unclosed.group(1)):
-        content = unclosed.group(1)  # without ids an unclosed tag is no tag, as in the code: the block stays whole
-        turn.fallbacks.append("important_info_unclosed")
+    if first is None and (opened := tags.find("<important_info>")) >= 0:
+        if not lenient:
+            turn.fallbacks.append("important_info_unclosed_ignored")
+        else:
+            run = _SELECTION_RUN.match(text, opened + len("<important_info>"))
+            ids = run.group() if run else ""
+            if _DIGITS.search(ids):  # without ids an unclosed tag is no tag, as in the code: the block stays whole
+                content = ids
+                turn.fallbacks.append("important_info_unclosed")
     if content is not None:
-        turn.selection = [int(n) for n in re.findall(r"\d+", content)]
-        if not turn.selection and re.search(r"[^\s\[\],]", content):
+        turn.selection, too_long = selection_numbers(content)
+        if too_long:
+            turn.fallbacks.append("selection_number_too_long")
+        elif not turn.selection and _SELECTION_JUNK.search(content):
             turn.fallbacks.append("selection_unparsable")
 
-    if query_match := _QUERY.search(text):
-        turn.query, fallback = parse_query(query_match.group(1))
+    if query := tags.element("query"):
+        turn.query, fallback = parse_query(query[0], lenient)
         if fallback:
             turn.fallbacks.append(fallback)
+    if not lenient and any(m.group() not in _EXACT_TAGS for m in _ANY_CASE_TAG.finditer(text)):
+        turn.fallbacks.append("tag_case_ignored")
     return turn
 
 
 def resolve_selection(numbers: list[int], n_docs: int, cap: int) -> tuple[list[int], list[str]]:
     """Doc numbers of the block kept: in 1..``n_docs``, first occurrence, at most ``cap`` (0: any number)."""
-    kept: list[int] = []
+    kept: dict[int, None] = {}
     fallbacks: list[str] = []
     for n in numbers:
         if not 1 <= n <= n_docs:
             if "selection_out_of_range" not in fallbacks:
                 fallbacks.append("selection_out_of_range")
-        elif n not in kept:
-            kept.append(n)
-    if cap and len(kept) > cap:
-        kept = kept[:cap]
+        else:
+            kept.setdefault(n)
+    ordered = list(kept)
+    if cap and len(ordered) > cap:
+        ordered = ordered[:cap]
         fallbacks.append("selection_capped")
-    return kept, fallbacks
+    return ordered, fallbacks
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -311,7 +424,8 @@ def resolve_selection(numbers: list[int], n_docs: int, cap: int) -> tuple[list[i
 @dataclass
 class Block:
     """One ``<information>`` block: the query that retrieved it (round 0: the question), its documents, the doc
-    numbers the searcher kept (``None``: never tagged, so all are kept) and whether the searcher stopped after it."""
+    numbers the searcher kept in serving order (``None``: never tagged, so all are kept) and whether the searcher
+    stopped after it."""
 
     query: str
     passages: list[Passage]
@@ -363,6 +477,7 @@ async def run_searcher(
 ) -> bool:
     """The searcher's rounds over one growing assistant message; returns whether it said the search is complete."""
     llm = ctx.model()
+    lenient = config.tag_parsing == "lenient"
     query_open = False
     complete = False
     stop_at_query_end = QUERY_END in config.sampling.stop
@@ -372,9 +487,9 @@ async def run_searcher(
         request, mode = searcher_request(llm, prompt, transcript.text)
         step, _ = await ctx.generate(trace, "searcher", request, config.sampling)
         stopped = stop_at_query_end and step.meta.get("finish_reason") == "stop"
-        text, fallbacks = clean_reply(step.output or "", query_open, stopped)
+        text, fallbacks = clean_reply(step.output or "", query_open, stopped, lenient)
         transcript.model(text)
-        turn = parse_reply(text, query_open)
+        turn = parse_reply(text, query_open, lenient)
         fallbacks += turn.fallbacks
 
         block_index = len(blocks) - 1
@@ -385,9 +500,10 @@ async def run_searcher(
                 fallbacks.append("selection_repeated")
             else:
                 block.important_info = turn.selection
-                block.selection, selection_fallbacks = resolve_selection(
+                selection, selection_fallbacks = resolve_selection(
                     turn.selection, len(block.passages), config.max_selected
                 )
+                block.selection = sorted(selection) if config.selection_order == "ascending" else selection
                 fallbacks += selection_fallbacks
                 applied = True
         complete = block.complete = turn.complete
@@ -402,7 +518,7 @@ async def run_searcher(
         elif turn.query:
             action = "search"
             passages, error = await _search_round(ctx, trace, turn.query, config)
-            transcript.observation(observation_text(passages, config))
+            transcript.observation(observation_text(passages, config, ctx.inert))
             blocks.append(Block(query=turn.query, passages=passages, error=error))
         else:
             action = "invalid"
@@ -437,7 +553,7 @@ async def answer_with_generator(
         trace.add(Step(kind="answer", output="", parsed="", fallback="empty_context", meta={"role": "generator"}))
         trace.answer = ""
         return
-    context = generator_context(served)
+    context = generator_context(served, ctx.inert)
     sampling = config.generator_sampling
     if config.generator_prompt == "code_chat":
         system = load_prompt("s3_generator_code_chat").format(context=context)
@@ -508,9 +624,9 @@ async def s3(example: Example, ctx: Context, trace: Trace) -> Trace:
     initial = await ctx.search(trace, example.question.strip(), config.k_initial)
     trace.meta["naive_rag_ids"] = [p.id for p in initial]
     trace.meta["naive_rag_passages"] = [_passage_dict(p) for p in initial]
-    trace.meta["naive_rag_context"] = generator_context(initial)
+    trace.meta["naive_rag_context"] = generator_context(initial, ctx.inert)
     trace.meta["generator_question"] = question  # with naive_rag_context: G(Q, D_RAG) for Gain Beyond RAG
-    prompt = searcher_prompt(question, initial, config)
+    prompt = searcher_prompt(question, initial, config, ctx.inert)
     trace.meta["searcher_prompt"] = prompt
 
     blocks = [Block(query=example.question.strip(), passages=initial)]
