@@ -18,10 +18,15 @@ from sleuth.eval.report import (
     bar_chart,
     compare_runs,
     html_report,
+    is_legacy_metrics,
+    is_legacy_scores,
+    load_run,
     markdown_report,
     passage_anchor,
     render_trace_body,
     step_citations,
+    upgrade_metrics,
+    upgrade_scores,
 )
 from sleuth.records import Example, Passage, Step, Trace
 
@@ -41,10 +46,19 @@ def _context(passages: list[Passage]) -> str:
     return "\n".join(f"Doc {i} (Title: {p.title}) {p.text}" for i, p in enumerate(passages, 1))
 
 
+HEADLINE = ("em", "f1", "acc", "acc_either")
+
+
+def _ext(scores: dict) -> dict:
+    """Trace scores as score_example writes them: every headline metric with its ``_ext`` twin (same value here)."""
+    return {**scores, **{f"{k}_ext": scores[k] for k in HEADLINE if k in scores}}
+
+
 def _rag_trace(
     ex: Example, passages: list[Passage], output: str, scores: dict, fallback: str | None = None, **step_extra
 ) -> Trace:
     trace = Trace(example=ex, method="naive_rag", started_at=1767225600.0)
+    scores = _ext(scores)
     trace.add(Step(kind="search", query=ex.question, passages=passages, seconds=0.031))
     prompt = RAG_PROMPT.format(context=_context(passages), question=ex.question)
     answer = output.strip().splitlines()[0].strip()
@@ -183,7 +197,7 @@ def make_traces() -> list[Trace]:
     t4.add(Step(kind="search", query=ex4.question, error="RetrievalError: index server timed out after 30 s"))
     t4.error = "RetrievalError: index server timed out after 30 s"
     t4.seconds = 30.0
-    t4.meta["scores"] = {"em": 0.0, "f1": 0.0, "acc": 0.0, "acc_either": 0.0, "recall@1": None, "recall@5": None}
+    t4.meta["scores"] = _ext({"em": 0.0, "f1": 0.0, "acc": 0.0, "acc_either": 0.0, "recall@1": None, "recall@5": None})
     return [t1, t2, t3, t4]
 
 
@@ -194,6 +208,10 @@ METRICS = {
         "f1": 0.52345,
         "acc": 0.5,
         "acc_either": 0.5,
+        "em_ext": 0.75,
+        "f1_ext": 0.77345,
+        "acc_ext": 0.75,
+        "acc_either_ext": 0.75,
         "recall@5": 1.0,
         "recall@10": 1.0,
         "llm_calls": 1.25,
@@ -211,6 +229,10 @@ METRICS = {
             "f1": 0.5,
             "acc": 0.5,
             "acc_either": 0.5,
+            "em_ext": 0.5,
+            "f1_ext": 0.5,
+            "acc_ext": 0.5,
+            "acc_either_ext": 0.5,
             "recall@5": 1.0,
             "recall@10": 1.0,
             "llm_calls": 1.0,
@@ -227,6 +249,10 @@ METRICS = {
             "f1": 0.5469,
             "acc": 0.5,
             "acc_either": None,
+            "em_ext": 1.0,
+            "f1_ext": 1.0,
+            "acc_ext": 1.0,
+            "acc_either_ext": None,
             "recall@5": 1.0,
             "recall@10": None,
             "llm_calls": 1.5,
@@ -291,12 +317,16 @@ def test_markdown_report_header_and_table(run_dir: Path) -> None:
     assert "`sleuth eval naive_rag --data hotpotqa-dev --data nq-dev --limit 2`" in md
     header = next(line for line in md.splitlines() if line.startswith("| dataset"))
     assert header == (
-        "| dataset | n | EM | F1 | Acc | Acc(either) | R@5 | R@10 | LLM calls/q | tokens/q | latency s/q | wall s/q "
-        "| fallbacks | errors |"
+        "| dataset | n | EM | F1 | Acc | Acc(either) | EM ext | F1 ext | Acc ext | Acc(either) ext | R@5 | R@10 "
+        "| LLM calls/q | tokens/q | latency s/q | wall s/q | fallbacks | errors |"
     )
     rows = _table_rows(md)
     assert rows["hotpotqa-dev"] == [
         "2",
+        "50.0",
+        "50.0",
+        "50.0",
+        "50.0",
         "50.0",
         "50.0",
         "50.0",
@@ -311,13 +341,21 @@ def test_markdown_report_header_and_table(run_dir: Path) -> None:
         "0",
     ]
     # None -> "–", one decimal (0.5469 -> 54.7), tokens = prompt + completion
-    assert rows["nq-dev"] == ["2", "50.0", "54.7", "50.0", "–", "100.0", "–", "1.50", "442", "15.45", "–", "1", "1"]
+    assert rows["nq-dev"] == [
+        *["2", "50.0", "54.7", "50.0", "–"],
+        *["100.0", "100.0", "100.0", "–"],
+        *["100.0", "–", "1.50", "442", "15.45", "–", "1", "1"],
+    ]
     assert rows["**overall**"] == [
         "4",
         "50.0",
         "52.3",
         "50.0",
         "50.0",
+        "75.0",
+        "77.3",
+        "75.0",
+        "75.0",
         "100.0",
         "100.0",
         "1.25",
@@ -353,6 +391,66 @@ def test_markdown_report_without_metrics_json_recomputes(tmp_path: Path) -> None
     assert rows["**overall**"][0] == "4"
 
 
+def _legacy(metrics: dict) -> dict:
+    """A metrics.json as sleuth wrote it before the headline split: no *_ext keys, em/f1/acc from the extended
+    normaliser."""
+    out = json.loads(json.dumps(metrics))
+    for row in [out["overall"], *out["per_dataset"].values()]:
+        for key in [k for k in row if k.endswith("_ext")]:
+            row.pop(key)
+    return out
+
+
+def test_legacy_metrics_json_is_shown_as_extended(tmp_path: Path) -> None:
+    legacy = _legacy(METRICS)
+    assert is_legacy_metrics(legacy) and not is_legacy_metrics(METRICS)
+    run = load_run(write_run(tmp_path / "old", make_traces(), metrics=legacy))
+    assert run.legacy and run.metrics["overall"]["em_ext"] == 0.5 and "em" not in run.metrics["overall"]
+    assert run.metrics["per_dataset"]["nq-dev"]["f1_ext"] == 0.5469 and run.metrics["overall"]["recall@5"] == 1.0
+    md = markdown_report(run.path)
+    assert "predates the split of the headline metrics" in md
+    # headline EM/F1/Acc/Acc(either) unknown ("–"), the old numbers under the ext columns
+    assert _table_rows(md)["**overall**"][:9] == ["4", "–", "–", "–", "–", "50.0", "52.3", "50.0", "50.0"]
+    assert "predates" not in markdown_report(write_run(tmp_path / "new", make_traces(), metrics=METRICS))
+    assert upgrade_metrics(METRICS) is METRICS  # a current file is read as it is
+
+
+def test_compare_runs_names_legacy_runs(run_dir: Path, tmp_path: Path) -> None:
+    old = write_run(tmp_path / "old", make_traces(), {**CONFIG, "method": "old_rag"}, _legacy(METRICS))
+    md = compare_runs([run_dir, old])
+    overall = _table_rows(md)["**overall**"]
+    assert overall[6:10] == ["–", "–", "–", "50.0"]  # old_rag: EM F1 Acc unknown, EM ext = the old EM
+    assert "predates the headline split (old_rag)" in md
+
+
+def test_legacy_trace_scores_are_read_as_extended(tmp_path: Path) -> None:
+    assert upgrade_scores({"em": 1.0, "recall@5": 0.5}) == {"em_ext": 1.0, "recall@5": 0.5}
+    assert upgrade_scores({"em": 1.0, "em_ext": 1.0}) == {"em": 1.0, "em_ext": 1.0}
+    assert upgrade_scores({"judge": 1.0}) == {"judge": 1.0} and not is_legacy_scores({"recall@5": 1.0})
+    traces = make_traces()
+    for trace in traces:
+        trace.meta["scores"] = {k: v for k, v in trace.meta["scores"].items() if not k.endswith("_ext")}
+    page = html_report(write_run(tmp_path / "old", traces, metrics=None)).read_text(encoding="utf-8")
+    assert 'data-status="correct"' in page and "EM ext 1" in page  # judged by the extended EM it was scored with
+
+
+def test_committed_results_are_readable(tmp_path: Path) -> None:
+    results = Path(__file__).resolve().parents[1] / "docs" / "results"
+    runs = sorted(p.parent for p in results.glob("*/metrics.json"))
+    if not runs:
+        pytest.skip("no committed eval runs")
+    for run_dir in runs:
+        raw = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+        run = load_run(run_dir)
+        md = markdown_report(run_dir)
+        if run.legacy:  # written with the extended normaliser: the old EM is the EM ext column, the headline "–"
+            assert run.metrics["overall"].get("em_ext") == raw["overall"].get("em")
+            assert "em" not in run.metrics["overall"]
+            assert "predates the split" in md
+        else:
+            assert run.metrics == raw
+
+
 def test_aggregate_counts_and_means() -> None:
     summary = aggregate(make_traces())
     assert summary["n"] == 4
@@ -371,10 +469,10 @@ def test_aggregate_counts_and_means() -> None:
 def _direct_run(tmp_path: Path) -> Path:
     metrics = {
         "n": 3,
-        "overall": {"em": 0.25, "f1": 0.3, "acc": 0.75, "llm_calls": 1.0},
+        "overall": {"em": 0.25, "f1": 0.3, "acc": 0.75, "em_ext": 0.5, "llm_calls": 1.0},
         "per_dataset": {
-            "hotpotqa-dev": {"n": 2, "em": 0.0, "f1": 0.2, "acc": 1.0, "llm_calls": 1.0},
-            "2wiki-dev": {"n": 1, "em": 1.0, "f1": 1.0, "acc": 1.0, "llm_calls": 1.0},
+            "hotpotqa-dev": {"n": 2, "em": 0.0, "f1": 0.2, "acc": 1.0, "em_ext": 0.5, "llm_calls": 1.0},
+            "2wiki-dev": {"n": 1, "em": 1.0, "f1": 1.0, "acc": 1.0, "em_ext": 1.0, "llm_calls": 1.0},
         },
     }
     config = {"method": "direct", "llm": CONFIG["llm"], "retriever": "open"}
@@ -385,24 +483,16 @@ def test_compare_runs_side_by_side(run_dir: Path, tmp_path: Path) -> None:
     md = compare_runs([run_dir, _direct_run(tmp_path)])
     header = next(line for line in md.splitlines() if line.startswith("| dataset"))
     assert header == (
-        "| dataset | naive_rag n | naive_rag EM | naive_rag F1 | naive_rag Acc | naive_rag calls/q | direct n | "
-        "direct EM | direct F1 | direct Acc | direct calls/q |"
+        "| dataset | naive_rag n | naive_rag EM | naive_rag F1 | naive_rag Acc | naive_rag EM ext | naive_rag calls/q "
+        "| direct n | direct EM | direct F1 | direct Acc | direct EM ext | direct calls/q |"
     )
     rows = _table_rows(md)
     assert list(rows) == ["hotpotqa-dev", "nq-dev", "2wiki-dev", "**overall**"]
     assert rows["hotpotqa-dev"] == [
-        "2",
-        "**50.0**",
-        "**50.0**",
-        "50.0",
-        "1.00",
-        "2",
-        "0.0",
-        "20.0",
-        "**100.0**",
-        "1.00",
+        *["2", "**50.0**", "**50.0**", "50.0", "**50.0**", "1.00"],
+        *["2", "0.0", "20.0", "**100.0**", "**50.0**", "1.00"],
     ]
-    assert rows["nq-dev"][5:] == ["–"] * 5  # dataset absent from the direct run
+    assert rows["nq-dev"][6:] == ["–"] * 6  # dataset absent from the direct run
     assert rows["**overall**"][:3] == ["4", "**50.0**", "**52.3**"]
     assert "- **naive_rag**:" in md and "retriever open" in md
 

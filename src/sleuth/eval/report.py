@@ -12,7 +12,10 @@ with :func:`sleuth.eval.evaluate.aggregate`.
   filters, one collapsible card per trace whose steps, prompts, outputs and passages are rendered on expand.
 
 Metric values (EM, F1, Acc, recall@k, ...) are fractions in ``metrics.json`` and shown as percentages with one
-decimal; a missing or None value is shown as "–".
+decimal; a missing or None value is shown as "–". EM, F1 and Acc are the papers' (SQuAD normalisation); "EM ext",
+"F1 ext", ... (keys ``em_ext``, ...) are the same under sleuth's extended normalisation. A ``metrics.json`` written
+before that split holds only ``em``/``f1``/``acc``/``acc_either``, computed with the extended normalisation: it is
+read as such (:func:`upgrade_metrics`), its headline cells are "–" and its report says so.
 """
 
 from __future__ import annotations
@@ -28,21 +31,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sleuth.eval.metrics import EXT_SUFFIX, HEADLINE_METRICS
 from sleuth.records import Passage, Step, Trace
 
 DASH = "–"
 OVERALL = "overall"
 
-# Scored metrics shown in the one-run table, in order; the recall columns only when some row has a value.
+# The headline metrics (the papers' SQuAD normalisation) and their twins under sleuth's extended normalisation.
+HEADLINE_COLUMNS: list[tuple[str, str]] = [("em", "EM"), ("f1", "F1"), ("acc", "Acc"), ("acc_either", "Acc(either)")]
+EXT_COLUMNS: list[tuple[str, str]] = [(f"{key}{EXT_SUFFIX}", f"{label} ext") for key, label in HEADLINE_COLUMNS]
+# Scored metrics shown in the one-run table, in order; the optional ones only when some row has a value.
 METRIC_COLUMNS: list[tuple[str, str]] = [
-    ("em", "EM"),
-    ("f1", "F1"),
-    ("acc", "Acc"),
-    ("acc_either", "Acc(either)"),
+    *HEADLINE_COLUMNS,
+    *EXT_COLUMNS,
     ("recall@5", "R@5"),
     ("recall@10", "R@10"),
 ]
-_OPTIONAL_COLUMNS = {"recall@5", "recall@10"}
+_OPTIONAL_COLUMNS = {"recall@5", "recall@10", *(key for key, _ in EXT_COLUMNS)}
 # Per-question counts an agent reports (evaluate.METHOD_SCORES): shown as means, not percentages.
 COUNT_METRICS = {"waves": "waves", "sequential_rounds": "seq. rounds", "searches": "searches"}
 # Keys of a metrics row that are not mean-of-fraction metrics.
@@ -63,6 +68,7 @@ METRIC_LABELS: dict[str, str] = {
     "f1": "F1",
     "acc": "Acc",
     "acc_either": "Acc (either)",
+    **{key: f"{label} (extended normalisation)" for key, label in EXT_COLUMNS},
     "llm_calls": "LLM calls / question",
     "prompt_tokens": "prompt tokens / question",
     "completion_tokens": "completion tokens / question",
@@ -92,13 +98,54 @@ CITE_KEYS = (
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _metric_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [metrics.get("overall") or {}, *(metrics.get("per_dataset") or {}).values()]
+    return [row for row in rows if isinstance(row, dict)]
+
+
+def is_legacy_scores(scores: dict[str, Any]) -> bool:
+    """True for scores (of a trace, or a metrics row) written before the headline/extended split: some headline key
+    (``em``, ``f1``, ``acc``, ``acc_either``) and no ``*_ext`` key. Their values came from the extended normaliser."""
+    return any(key in scores for key in HEADLINE_METRICS) and not any(key.endswith(EXT_SUFFIX) for key in scores)
+
+
+def upgrade_scores(scores: dict[str, Any]) -> dict[str, Any]:
+    """``scores`` with legacy headline keys renamed to their ``_ext`` twins (a copy); current scores unchanged."""
+    if not is_legacy_scores(scores):
+        return scores
+    return {(f"{key}{EXT_SUFFIX}" if key in HEADLINE_METRICS else key): value for key, value in scores.items()}
+
+
+def is_legacy_metrics(metrics: dict[str, Any]) -> bool:
+    """True for a ``metrics.json`` from before the split: no row has any ``*_ext`` key, and some row has a headline
+    key (then computed with the extended normaliser, sleuth's default at the time)."""
+    rows = _metric_rows(metrics)
+    no_ext = not any(key.endswith(EXT_SUFFIX) for row in rows for key in row)
+    return no_ext and any(key in row for row in rows for key in HEADLINE_METRICS)
+
+
+def upgrade_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A legacy ``metrics.json`` read as what it is: every row's ``em``/``f1``/``acc``/``acc_either`` moved to
+    ``em_ext``/... (a copy); a current one is returned as it is."""
+    if not is_legacy_metrics(metrics):
+        return metrics
+    out = dict(metrics)
+    if isinstance(metrics.get("overall"), dict):
+        out["overall"] = upgrade_scores(metrics["overall"])
+    if isinstance(metrics.get("per_dataset"), dict):
+        out["per_dataset"] = {name: upgrade_scores(row) for name, row in metrics["per_dataset"].items()}
+    return out
+
+
 @dataclass
 class Run:
-    """A run directory's ``config.json`` and ``metrics.json`` (recomputed from the traces when absent)."""
+    """A run directory's ``config.json`` and ``metrics.json`` (recomputed from the traces when absent), legacy
+    layouts read through :func:`upgrade_metrics` (``legacy`` tells)."""
 
     path: Path
     config: dict[str, Any]
     metrics: dict[str, Any]
+    legacy: bool = False
 
     @property
     def method(self) -> str:
@@ -145,7 +192,8 @@ def load_run(run_dir: str | Path) -> Run:
         from sleuth.eval.evaluate import aggregate
 
         metrics = aggregate(iter_traces(path))
-    return Run(path=path, config=config, metrics=metrics)
+    legacy = is_legacy_metrics(metrics)
+    return Run(path=path, config=config, metrics=upgrade_metrics(metrics), legacy=legacy)
 
 
 def trace_dataset(trace: Trace) -> str:
@@ -246,6 +294,7 @@ class _Table:
 
 def summary_table(metrics: dict[str, Any]) -> _Table:
     """The per-dataset table of a ``metrics.json``: one row per dataset then the overall row, cells formatted."""
+    metrics = upgrade_metrics(metrics)
     per_dataset: dict[str, dict[str, Any]] = dict(metrics.get("per_dataset") or {})
     overall = dict(metrics.get("overall") or {})
     overall.setdefault("n", metrics.get("n"))
@@ -317,9 +366,11 @@ def _fallback_kinds(metrics: dict[str, Any]) -> dict[str, int]:
 def markdown_report(run_dir: str | Path) -> str:
     """The markdown report of one run: its config, then a per-dataset table with an overall row.
 
-    Columns: n, EM, F1, Acc, Acc(either), R@5 and R@10 (when the run has retrieval scores), further scored metrics
+    Columns: n, EM, F1, Acc, Acc(either) (SQuAD normalisation, as the papers report), the same under sleuth's
+    extended normalisation ("EM ext", ...), R@5 and R@10 (when the run has retrieval scores), further scored metrics
     (e.g. a judge), LLM calls, tokens (prompt + completion) and seconds per question, fallback steps and errors.
-    Metrics are percentages with one decimal; "–" marks a metric that is None or absent.
+    Metrics are percentages with one decimal; "–" marks a metric that is None or absent. A legacy ``metrics.json``
+    (before the split) gets a line saying that its numbers are in the ext columns.
     """
     run = load_run(run_dir)
     lines = [f"# sleuth eval: {run.method}", ""]
@@ -330,8 +381,18 @@ def markdown_report(run_dir: str | Path) -> str:
     rows = [[("**overall**" if name == OVERALL else _md_cell(name)), *cells] for name, cells in table.rows]
     lines.append(_md_table(table.headers, rows, table.align))
     lines.append("")
+    if run.legacy:
+        lines.append(
+            "**Note:** this run's `metrics.json` predates the split of the headline metrics: its EM, F1, Acc and "
+            "Acc(either) were computed with sleuth's extended normalisation and are shown in the *ext* columns; the "
+            "SQuAD-normalised headline cannot be recomputed without the traces."
+        )
+        lines.append("")
     lines.append(
-        "EM, F1, Acc, R@k in %; Acc = gold contained in the answer, Acc(either) = two-way containment; "
+        "EM, F1, Acc, R@k in %; EM/F1/Acc use the SQuAD normalisation the papers report (lower-case, no "
+        "punctuation, no articles a/an/the, single spaces); the *ext* columns use sleuth's extended normalisation "
+        "(also NFKC Unicode folding, Unicode punctuation, number words 0-10), which usually scores higher; "
+        "Acc = gold contained in the answer, Acc(either) = two-way containment; "
         "LLM calls and tokens (prompt + completion) are means per question; latency s/q = mean time from an "
         "example's start to its answer (with many examples in flight each waits for the batched calls); wall s/q = "
         "the run's wall-clock time divided by its questions (throughput); fallbacks = steps that used a lenient "
@@ -364,7 +425,7 @@ def _dataset_union(runs: Sequence[Run]) -> list[str]:
     return [*names, OVERALL]
 
 
-_COMPARE_COLUMNS: list[tuple[str, str]] = [("em", "EM"), ("f1", "F1"), ("acc", "Acc")]
+_COMPARE_COLUMNS: list[tuple[str, str]] = [("em", "EM"), ("f1", "F1"), ("acc", "Acc"), ("em_ext", "EM ext")]
 
 
 def compare_runs(run_dirs: Sequence[str | Path]) -> str:
@@ -408,7 +469,16 @@ def compare_runs(run_dirs: Sequence[str | Path]) -> str:
     lines.append("")
     lines.append(_md_table(headers, rows, ["l"] + ["r"] * (len(headers) - 1)))
     lines.append("")
-    lines.append("EM, F1, Acc in %; calls/q = LLM calls per question; bold = best in the row.")
+    lines.append(
+        "EM, F1, Acc in % (SQuAD normalisation, as the papers report); EM ext = EM under sleuth's extended "
+        "normalisation; calls/q = LLM calls per question; bold = best in the row."
+    )
+    legacy = [label for label, run in zip(labels, runs, strict=True) if run.legacy]
+    if legacy:
+        lines.append(
+            f"Runs whose metrics.json predates the headline split ({', '.join(map(_md_cell, legacy))}) have only "
+            'the extended numbers: their EM, F1 and Acc are "–".'
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -513,7 +583,7 @@ def step_citations(step: Step) -> list[str]:
 
 
 def _primary_score(scores: dict[str, Any]) -> float | None:
-    for key in ("em", "acc"):
+    for key in ("em", "acc", "em_ext", "acc_ext"):
         if _is_num(scores.get(key)):
             return float(scores[key])
     return None
@@ -712,7 +782,7 @@ def render_trace_body(trace: Trace, index: int) -> str:
 
 def _trace_status(trace: Trace) -> tuple[str, bool, bool]:
     """(correct | wrong | unscored, has a fallback, has an error) of a trace."""
-    primary = _primary_score(trace.meta.get("scores") or {})
+    primary = _primary_score(upgrade_scores(trace.meta.get("scores") or {}))
     status = "unscored" if primary is None else ("correct" if primary >= 1.0 else "wrong")
     error = bool(trace.error) or any(s.error for s in trace.steps)
     return status, bool(trace.fallbacks), error
@@ -720,7 +790,7 @@ def _trace_status(trace: Trace) -> tuple[str, bool, bool]:
 
 def _card(trace: Trace, index: int) -> tuple[str, str, bool, bool]:
     status, fallback, error = _trace_status(trace)
-    scores = trace.meta.get("scores") or {}
+    scores = upgrade_scores(trace.meta.get("scores") or {})
     dataset = trace_dataset(trace)
     badges = _badge(status, status)
     if fallback:
@@ -731,7 +801,7 @@ def _card(trace: Trace, index: int) -> tuple[str, str, bool, bool]:
     gold = _e(_shorten(" / ".join(map(str, trace.example.answers)), 100)) or DASH
     score_text = " ".join(
         f"{label} {_short_score(scores.get(k))}"
-        for k, label in (("em", "EM"), ("f1", "F1"), ("acc", "Acc"))
+        for k, label in (("em", "EM"), ("f1", "F1"), ("acc", "Acc"), ("em_ext", "EM ext"))
         if k in scores
     )
     summary = (
@@ -892,7 +962,10 @@ def _summary_html(metrics: dict[str, Any]) -> str:
         for name, cells in table.rows
     )
     kinds = _fallback_kinds(metrics)
-    note = "Metrics in %; calls, tokens (prompt + completion) and seconds are means per question."
+    note = (
+        "Metrics in %; EM/F1/Acc use the papers' SQuAD normalisation, the ext columns sleuth's extended one; calls, "
+        "tokens (prompt + completion) and seconds are means per question."
+    )
     if kinds:
         note += " Fallbacks by kind: " + ", ".join(f"{_e(k)} {fmt_int(v)}" for k, v in kinds.items()) + "."
     table_html = f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
