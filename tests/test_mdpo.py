@@ -23,6 +23,7 @@ from sleuth.train.mdpo import (
     build_dpo_trainer,
     build_pairs,
     load_pairs,
+    reference_gate,
     sample_rollouts,
     train_dpo,
     train_mdpo,
@@ -157,6 +158,88 @@ def test_ties_are_dropped_and_counted() -> None:
     )
     assert [p["set"] for p in gated] == ["subq", "subq", "final"]  # decomposition gap 0.5 is not > 0.5
     assert stats["degenerate"]["decompose_below_margin"] == 1
+
+
+def test_reference_gates_at_their_boundaries() -> None:
+    """The released create_dpo_pairs.py (digest §4.4), on its EM + Acc + F1 scale: decomposition pairs need a mean
+    reward margin of at least 1.33 with the loser at most 1; sub-answer / final pairs a margin above 1.33 with the
+    loser at most 1.2. The issue's one-line predicate "(>= 1.33 and <= 1) or (> 1.33 and <= 1.2)" is their union."""
+    assert reference_gate("decompose", 1.33, 1.0)  # margin exactly 1.33, loser 1.0: accepted
+    assert not reference_gate("answer", 1.33, 1.0)  # ... but the answer gate wants strictly above 1.33
+    assert not reference_gate("decompose", 1.33, 1.1) and not reference_gate("answer", 1.33, 1.1)
+    assert reference_gate("answer", 1.34, 1.1) and not reference_gate("decompose", 1.34, 1.1)
+    assert reference_gate("answer", 1.34, 1.2) and not reference_gate("answer", 1.34, 1.2001)
+    assert not reference_gate("answer", 1.7, 1.3) and not reference_gate("decompose", 1.7, 1.3)  # loser 1.3
+    assert reference_gate("decompose", 3.0, 0.0) and reference_gate("answer", 3.0, 0.0)
+    assert not reference_gate("decompose", 1.3299, 0.0) and not reference_gate("answer", 1.33, 0.0)
+    for margin, loser in [(1.33, 1.0), (1.33, 1.1), (1.34, 1.1), (1.34, 1.3), (1.33, 0.5), (2.0, 1.2), (2.0, 1.21)]:
+        union = reference_gate("decompose", margin, loser) or reference_gate("answer", margin, loser)
+        assert union == ((margin >= 1.33 and loser <= 1) or (margin > 1.33 and loser <= 1.2))
+    with pytest.raises(ValueError, match="gate"):
+        reference_gate("final", 2.0, 0.0)  # type: ignore[arg-type]
+
+
+D3 = "### Q1: Which city is first?\n### Q2: Which city is second?\n### Q3: Which city is third?"
+D5 = D3 + "\n### Q4: Which city is fourth?\n### Q5: Which city is fifth?"
+CITIES = ["Paris", "Lyon", "Rome", "Oslo", "Bern"]
+PARTIAL = (["Paris", "France"], "Ann was born in Paris. <answer>Paris, France</answer>")  # code score 1 + 2/3
+
+
+def _reference_rollouts() -> list[Rollout]:
+    return (
+        # q1: decompositions r̄ 1.5 / 2.33 / 0: d1 vs d2 passes the decomposition gate; d0's runs 3 vs 0 pass
+        # the answer gate and T- (run 3) agrees with T+ on both sub-answers; d1's runs 3 vs 1.67 fail it
+        runs("q1", 0, D_GOOD, [GOOD, BAD, GOOD, (["Paris", "France"], WRONG)])
+        + runs("q1", 1, D_ALT, [GOOD, PARTIAL])
+        + runs("q1", 2, D_BAD, [(["Ann is a person"], WRONG)] * 2)
+        # q2: r̄ 3.0 vs 1.67: margin 1.33 but the loser is above 1
+        + runs("q2", 0, D_GOOD, [GOOD, GOOD])
+        + runs("q2", 1, D_ALT, [PARTIAL, PARTIAL])
+        # q3 / q4 / q5: T- agrees with T+ on 3 of 5 (0.6), 4 of 5 (0.8), 2 of 3 (0.667) sub-answers
+        + runs("q3", 0, D5, [(CITIES, RIGHT), ([*CITIES[:3], "Kyiv", "Riga"], WRONG)])
+        + runs("q4", 0, D5, [(CITIES, RIGHT), ([*CITIES[:4], "Riga"], WRONG)])
+        + runs("q5", 0, D3, [(CITIES[:3], RIGHT), ([*CITIES[:2], "Riga"], WRONG)])
+        # q6: r̄ 3.0 vs 1.11: margin above 1.33 and loser <= 1.2 would pass the answer gate, not this one
+        + runs("q6", 0, D_GOOD, [GOOD, GOOD])
+        + runs("q6", 1, D_ALT, [PARTIAL, PARTIAL, (["Paris", "France"], WRONG)])
+    )
+
+
+def test_reference_pair_rule_applies_the_released_gates_and_agreement() -> None:
+    rollouts = _reference_rollouts()
+    pairs, stats = build_pairs(rollouts, MDPOConfig(reward="code", pair_rule="reference"))
+    assert stats["pair_rule"] == "reference"
+    assert stats["pairs"] == {"decompose": 1, "subq": 4, "final": 4, "total": 9}
+    assert stats["degenerate"] == {
+        "decompose_reference_gate": 2,  # q2 (loser 1.67), q6 (loser 1.11)
+        "decompose_single_decomposition": 3,  # q3, q4, q5
+        "final_low_agreement": 1,  # q3: similarity 0.6 < 0.666
+        "solver_reference_gate": 1,  # q1 d1: margin 1.33 (not above), loser 1.67
+        "solver_tie": 4,
+        "subq_no_difference": 2,
+    }
+    finals = {p["question_id"]: p for p in pairs if p["set"] == "final"}
+    assert sorted(finals) == ["q1", "q4", "q5", "q6"]  # 1.0, 0.8, 0.667 agreement accepted; q3's 0.6 rejected
+    assert (finals["q1"]["chosen_key"], finals["q1"]["rejected_key"]) == ("q1#0", "q1#0#2")
+    decompose = next(p for p in pairs if p["set"] == "decompose")
+    assert decompose["chosen"][0]["content"] == D_ALT and decompose["rejected"][0]["content"] == D_BAD
+    assert (decompose["chosen_reward"], decompose["rejected_reward"]) == (pytest.approx(7 / 3), 0.0)
+    subq = sorted((p["question_id"], p["subquestion"]) for p in pairs if p["set"] == "subq")
+    assert subq == [("q3", 4), ("q3", 5), ("q4", 5), ("q5", 3)]  # the gate passed: sub-answer pairs stay
+
+    paper, stats = build_pairs(rollouts, MDPOConfig(reward="code"))  # the same runs under the paper's rule
+    assert stats["pair_rule"] == "paper" and stats["pairs"] == {"decompose": 3, "subq": 4, "final": 6, "total": 13}
+
+
+def test_reference_pair_rule_needs_the_code_reward() -> None:
+    assert MDPOConfig().pair_rule == "paper"  # the paper's rule (drop ties) is the default
+    with pytest.raises(ValueError, match="reward='code'"):
+        MDPOConfig(pair_rule="reference").validate()
+    with pytest.raises(ValueError, match="min_margin"):
+        MDPOConfig(reward="code", pair_rule="reference", min_margin=0.5).validate()
+    with pytest.raises(ValueError, match="pair_rule"):
+        MDPOConfig(pair_rule="bogus").validate()  # type: ignore[arg-type]
+    MDPOConfig(reward="code", pair_rule="reference").validate()
 
 
 def test_degenerate_groups_are_counted_not_fatal() -> None:

@@ -21,8 +21,10 @@ Paper: Xu et al., *AceSearcher*, NeurIPS 2025 (arXiv 2509.24193), §4.2-§4.3 an
    - ``final``: per decomposition, prompt = T+'s final-answer prompt (its sub-answers and passage pool),
      chosen/rejected = the final outputs of T+ and T-.
 
-   Ties (best reward == worst reward) are dropped, as the paper says; every group that gives no pair is counted by
-   reason in the iteration's stats (``degenerate``) instead of failing.
+   ``pair_rule="paper"`` (default): ties (best reward == worst reward) are dropped, as the paper says.
+   ``pair_rule="reference"``: the released ``create_dpo_pairs.py`` gates on its 0-3 score (:func:`reference_gate`),
+   and a final pair also needs T+ and T- to agree on at least 0.666 of the sub-answers. Every group that gives no
+   pair is counted by reason in the iteration's stats (``degenerate``) instead of failing.
 4. **DPO** (§4.5) with TRL's ``DPOTrainer``: sigmoid loss, β = 0.1, initialised from θ(t) with the frozen reference
    θ(t) (the previous iteration's model; iteration 1: the SFT model), optionally plus the released configs' chosen-NLL
    term (``nll_weight``, LLaMA-Factory ``pref_ftx``) and LoRA (merged after training). Checkpoints resume.
@@ -70,6 +72,7 @@ from sleuth.train.rollouts import Rollout, RolloutStore, collect, model_revision
 __all__ = [
     "MDPO_KEY",
     "PAIR_SETS",
+    "REFERENCE_MIN_AGREEMENT",
     "MDPOConfig",
     "Trajectory",
     "build_dpo_trainer",
@@ -78,6 +81,7 @@ __all__ = [
     "format_checks",
     "load_pairs",
     "main",
+    "reference_gate",
     "sample_rollouts",
     "train_dpo",
     "train_mdpo",
@@ -126,7 +130,10 @@ class MDPOConfig:
     concurrency: int = 64
     # Rewards and pairs [paper Eq. 4.1, §4.4]
     reward: Literal["paper", "code"] = "paper"
-    min_margin: float = 0.0  # keep a pair only if best - worst > min_margin (paper: drop ties; code gates: 1.33)
+    # "paper": drop ties (best == worst reward), and gaps <= min_margin; "reference": the released code's gates
+    # (reference_gate, and final pairs need sub-answer agreement >= REFERENCE_MIN_AGREEMENT); needs reward="code".
+    pair_rule: Literal["paper", "reference"] = "paper"
+    min_margin: float = 0.0  # pair_rule "paper" only: keep a pair only if best - worst > min_margin
     pair_sets: tuple[str, ...] = PAIR_SETS  # the released mix has no "subq" pairs
     # "every": D_subq / D_final from every sampled decomposition (as the code does); "best": only from the
     # decomposition with the highest mean reward (one set of pairs per question, as the paper's notation suggests).
@@ -164,6 +171,12 @@ class MDPOConfig:
         """Raise ValueError for option values train_mdpo cannot run with."""
         if self.reward not in ("paper", "code"):
             raise ValueError(f"reward={self.reward!r}; expected 'paper' or 'code'")
+        if self.pair_rule not in ("paper", "reference"):
+            raise ValueError(f"pair_rule={self.pair_rule!r}; expected 'paper' or 'reference'")
+        if self.pair_rule == "reference" and self.reward != "code":
+            raise ValueError("pair_rule='reference' gates on the released code's 0-3 score: set reward='code'")
+        if self.pair_rule == "reference" and self.min_margin:
+            raise ValueError("min_margin belongs to pair_rule='paper'; the reference rule has its own gates")
         if self.pairs_from not in ("every", "best"):
             raise ValueError(f"pairs_from={self.pairs_from!r}; expected 'every' or 'best'")
         if self.decomposition_completion not in ("raw", "canonical"):
@@ -422,6 +435,21 @@ def _agreement(a: Trajectory, b: Trajectory) -> float:
     return sum(_normalised_answer(sa.get(i)) == _normalised_answer(sb.get(i)) for i in indices) / len(indices)
 
 
+REFERENCE_MIN_AGREEMENT = 0.666  # released create_dpo_pairs.py: final pairs' share of identical sub-answers
+
+
+def reference_gate(kind: Literal["decompose", "answer"], margin: float, loser: float) -> bool:
+    """The released ``create_dpo_pairs.py`` gates on its EM + Acc + F1 score (digest §4.4), ``margin`` = best -
+    worst, ``loser`` = the worst: ``decompose`` (the mean reward of each decomposition) keeps a question when
+    ``margin >= 1.33 and loser <= 1``; ``answer`` (the runs of one decomposition, for sub-question and final-answer
+    pairs) keeps it when ``margin > 1.33 and loser <= 1.2``."""
+    if kind == "decompose":
+        return margin >= 1.33 and loser <= 1.0
+    if kind == "answer":
+        return margin > 1.33 and loser <= 1.2
+    raise ValueError(f"unknown gate {kind!r}; expected 'decompose' or 'answer'")
+
+
 def _assistant(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
@@ -477,7 +505,9 @@ def _decompose_pair(
     gap = best.mean_reward - worst.mean_reward
     if gap == 0:
         degenerate["decompose_tie"] += 1
-    elif gap <= config.min_margin:
+    elif config.pair_rule == "reference" and not reference_gate("decompose", gap, worst.mean_reward):
+        degenerate["decompose_reference_gate"] += 1
+    elif config.pair_rule == "paper" and gap <= config.min_margin:
         degenerate["decompose_below_margin"] += 1
     elif not best.clean:  # only possible with reward="code", whose score has no decomposition term
         degenerate["decompose_chosen_unparsed"] += 1
@@ -511,7 +541,10 @@ def _solver_pairs(
     if gap == 0:
         degenerate["solver_tie"] += 1
         return
-    if gap <= config.min_margin:
+    if config.pair_rule == "reference" and not reference_gate("answer", gap, lowest):
+        degenerate["solver_reference_gate"] += 1
+        return
+    if config.pair_rule == "paper" and gap <= config.min_margin:
         degenerate["solver_below_margin"] += 1
         return
     minus = max((t for t in runs if t.reward == lowest), key=lambda t: _agreement(plus, t))
@@ -533,6 +566,9 @@ def _solver_pairs(
     good_final, bad_final = plus.final_step(), minus.final_step()
     if good_final is None or bad_final is None or good_final.messages is None:
         degenerate["final_missing"] += 1
+        return
+    if config.pair_rule == "reference" and "final" in sink.sets and _agreement(plus, minus) < REFERENCE_MIN_AGREEMENT:
+        degenerate["final_low_agreement"] += 1
         return
     sink.add("final", question, good_final.messages, good_final.output or "", bad_final.output or "", rewards, **keys)
 
@@ -573,6 +609,7 @@ def build_pairs(rollouts: Iterable[Rollout], config: MDPOConfig | None = None) -
     margins = {kind: mean([gap for k, gap in gaps if k == kind]) for kind in PAIR_SETS}
     margins["all"] = mean([gap for _, gap in gaps])
     stats = {
+        "pair_rule": config.pair_rule,
         "questions": len(by_question),
         "trajectories": sum(len(r) for r in by_question.values()),
         "failed_runs": degenerate["failed_runs"],
