@@ -6,7 +6,9 @@ in the trace writer, escape the runner and crash every resume at the same exampl
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import pytest
 
 import sleuth.eval.evaluate as evaluate_module
 from sleuth.agents import Context
+from sleuth.corpus import CorpusError, CorpusReader, detect_format, read_corpus
+from sleuth.data import DatasetError, load_examples
 from sleuth.eval.evaluate import EvalConfig, evaluate, read_traces, trace_line
 from sleuth.llm.base import _BACKENDS, register_backend
 from sleuth.records import Example, Passage, Trace, encodable, encodable_json
@@ -155,9 +159,125 @@ def test_an_on_trace_failure_is_an_error_of_that_example_only() -> None:
 
 
 def test_passage_with_surrogate_is_made_encodable_by_the_corpus_reader(tmp_path: Path) -> None:
-    from sleuth.corpus import read_corpus
-
     path = tmp_path / "c.jsonl"
     path.write_text(json.dumps({"id": "1", "title": "T\ud800", "text": "x \udfff y"}) + "\n")  # ASCII \u escapes
     (passage,) = list(read_corpus(path))
     assert passage == Passage("1", "T\ufffd", "x \ufffd y")
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+def _gz(path: Path, data: bytes, keep: int | None = None) -> Path:
+    """``data`` gzip-compressed into ``path``, cut to its first ``keep`` bytes when given."""
+    packed = gzip.compress(data)
+    path.write_bytes(packed if keep is None else packed[:keep])
+    return path
+
+
+def _lines(n: int, width: int = 0) -> bytes:
+    return b"".join(
+        json.dumps({"id": str(i), "contents": f'"T{i}"\ntext {i} ' + "w" * width}).encode() + b"\n" for i in range(n)
+    )
+
+
+def test_corpus_random_bytes_named_gz_is_a_file_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl.gz"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(CorpusError, match=r"c\.jsonl\.gz:1: cannot read, the \.gz file is damaged \(BadGzipFile"):
+        detect_format(path)
+    with pytest.raises(CorpusError, match=r"c\.jsonl\.gz:1: cannot read"):
+        list(read_corpus(path, format="searchr1"))
+
+
+def test_corpus_gz_cut_inside_its_first_line_is_a_file_line_error(tmp_path: Path) -> None:
+    path = _gz(tmp_path / "c.jsonl.gz", _lines(1, width=5000), keep=60)
+    with pytest.raises(CorpusError, match=r"c\.jsonl\.gz:1: cannot read, the \.gz file is damaged \(EOFError"):
+        detect_format(path)
+    with pytest.raises(CorpusError, match=r"c\.jsonl\.gz:1: cannot read"):
+        list(read_corpus(path, format="searchr1"))
+
+
+def test_corpus_gz_cut_later_names_the_line_it_broke_at(tmp_path: Path) -> None:
+    data = _lines(400, width=200)
+    path = _gz(tmp_path / "c.jsonl.gz", data, keep=len(gzip.compress(data)) - 20)
+    reader = CorpusReader(path)
+    seen: list[str] = []
+    with pytest.raises(CorpusError, match=r"c\.jsonl\.gz:(\d+): cannot read") as info:
+        seen.extend(p.id for p in reader)
+    line = int(re.search(r":(\d+): cannot", str(info.value)).group(1))  # type: ignore[union-attr]
+    assert line == len(seen) + 1 and 0 < len(seen) < 400
+    json_gz = _gz(tmp_path / "w.json.gz", b'{"Paris": {"extract": "x"}}' * 50, keep=30)
+    with pytest.raises(CorpusError, match=r"w\.json\.gz: cannot read"):
+        detect_format(json_gz)
+
+
+def test_corpus_line_nested_too_deeply_is_a_malformed_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b"[" * 100_000 + b"\n" + _lines(2))
+    assert detect_format(path) == "searchr1"
+    reader = CorpusReader(path)
+    assert [p.id for p in reader] == ["0", "1"] and reader.errors == [f"{path}:1: invalid JSON (nested too deeply)"]
+
+
+def test_dataset_in_latin1_is_a_file_line_error(tmp_path: Path) -> None:
+    good = {"id": "a", "question": "Who?", "golden_answers": ["x"]}
+    bad = {"id": "b", "question": "Qui est Frédéric ?", "golden_answers": ["y"]}
+    lines = [json.dumps(good, ensure_ascii=False)] * 3000 + [json.dumps(bad, ensure_ascii=False)]
+    path = tmp_path / "fr.jsonl"
+    path.write_bytes("\n".join(lines).encode("latin-1") + b"\n")
+    with pytest.raises(DatasetError, match=r"fr\.jsonl:3001: not UTF-8 text \(byte 0xe9 at column \d+\)") as info:
+        load_examples(path)
+    assert info.value.row == 3001
+    array = tmp_path / "fr.json"
+    array.write_bytes(json.dumps([good, bad], ensure_ascii=False, indent=1).encode("latin-1"))
+    line = next(i for i, text in enumerate(array.read_bytes().split(b"\n"), 1) if b"\xe9" in text)
+    with pytest.raises(DatasetError, match=rf"fr\.json:{line}: not UTF-8 text"):
+        load_examples(array)
+    table = tmp_path / "fr.csv"
+    table.write_bytes("Question,Answer\nWho?,x\nQui est Frédéric ?,y\n".encode("latin-1"))
+    with pytest.raises(DatasetError, match=r"fr\.csv:3: not UTF-8 text"):
+        load_examples(table, format="bamboogle")
+
+
+def test_dataset_broken_gz_is_a_file_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl.gz"
+    path.write_bytes(b"\x00" * 100)
+    with pytest.raises(DatasetError, match=r"d\.jsonl\.gz:1: cannot read, the \.gz file is damaged"):
+        load_examples(path)
+    row = json.dumps({"id": "a", "question": "Who?", "golden_answers": ["x"] * 300}).encode() + b"\n"
+    _gz(path, row * 50, keep=len(gzip.compress(row * 50)) // 2)
+    with pytest.raises(DatasetError, match=r"d\.jsonl\.gz:\d+: cannot read, the \.gz file is damaged"):
+        load_examples(path, format="flashrag")
+
+
+def test_dataset_row_with_a_surrogate_escape_loads_encodable(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    row = {"id": "a", "question": "Who is \ud800?", "golden_answers": ["x\udfff"]}
+    path.write_text(json.dumps(row) + "\n")  # ASCII: \ud800 escapes
+    (example,) = load_examples(path)
+    assert example.question == "Who is \ufffd?" and example.answers == ["x\ufffd"]
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(json.dumps(row) + "\n" + "[" * 100_000 + "\n")
+    with pytest.raises(DatasetError, match=r"deep\.jsonl:2: JSON nested too deeply"):
+        load_examples(deep)
+
+
+def test_cli_prints_the_file_line_error_not_a_traceback(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sleuth.cli import app
+
+    latin = tmp_path / "fr.jsonl"
+    latin.write_bytes('{"id": "a", "question": "Frédéric?", "golden_answers": ["x"]}\n'.encode("latin-1"))
+    result = CliRunner().invoke(
+        app, ["eval", "--method", "direct", "--data", str(latin), "--out", str(tmp_path / "run"), "--llm", "hf:/nope"]
+    )
+    printed = "".join(result.output.split())  # the console wraps long lines
+    assert result.exit_code != 0 and f"{latin}:1:notUTF-8text" in printed
+    assert "Traceback" not in result.output and not isinstance(result.exception, UnicodeDecodeError)
+
+    corpus = _gz(tmp_path / "c.jsonl.gz", _lines(1, width=5000), keep=60)
+    result = CliRunner().invoke(app, ["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx")])
+    assert result.exit_code != 0 and f"{corpus}:1:cannotread" in "".join(result.output.split())
+    assert "Aborted" not in result.output and "Traceback" not in result.output

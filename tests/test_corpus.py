@@ -226,7 +226,7 @@ def test_gzip_each_format(tmp_path: Path) -> None:
 def test_corrupt_gzip_raises_corpus_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl.gz"
     path.write_bytes(b"this is not gzip data at all\n")
-    with pytest.raises(CorpusError, match="bad.jsonl.gz: cannot read"):
+    with pytest.raises(CorpusError, match="bad.jsonl.gz:1: cannot read, the .gz file is damaged"):
         list(CorpusReader(path, format="jsonl"))
 
 

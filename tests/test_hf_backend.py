@@ -182,3 +182,12 @@ def test_final_assistant_message_is_continued_in_place(llm: HFLLM) -> None:
     assert text.endswith("<|im_start|>assistant\n<query>capital")
     fresh = llm.tokenizer.decode(llm.encode_prompt(user))
     assert fresh.endswith("<|im_start|>assistant\n") and text.startswith(fresh)
+
+
+def test_decoded_text_is_made_encodable(llm: HFLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A (slow, Python) tokenizer can decode to a lone surrogate; the backend hands on only encodable text."""
+    decode = llm.tokenizer.decode
+    monkeypatch.setattr(llm.tokenizer, "decode", lambda ids, **kw: "ANS-7 \ud800" + decode(ids, **kw))
+    (gen,) = run(llm.generate([Request(prompt="The capital of France is")], Sampling(max_new_tokens=4)))
+    assert gen.texts[0].startswith("ANS-7 \ufffd")
+    gen.texts[0].encode("utf-8")

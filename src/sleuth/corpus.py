@@ -29,6 +29,7 @@ import gzip
 import json
 import logging
 import os
+import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -93,6 +94,8 @@ def _load_object(line: bytes) -> dict[str, Any]:
         raise _Malformed(f"invalid UTF-8 ({e.reason} at byte {e.start})") from None
     except ValueError as e:
         raise _Malformed(f"invalid JSON ({e})") from None
+    except RecursionError:
+        raise _Malformed("invalid JSON (nested too deeply)") from None
     if type(obj) is not dict:
         raise _Malformed(f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -215,23 +218,31 @@ def _looks_like_summaries(head: str) -> bool:
             return False
         rest = rest[1:].lstrip()
         value, _ = dec.raw_decode(rest)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(value, dict) and "extract" in value
+
+
+def _unreadable(path: PathLike, line: int | None, exc: BaseException) -> CorpusError:
+    """``PATH[:LINE]: cannot read (...)`` for a broken .gz (bad header, cut short, corrupt data) or an I/O error."""
+    where = f"{os.fspath(path)}:{line}" if line else os.fspath(path)
+    what = "the .gz file is damaged" if _is_gz(path) else "I/O error"
+    return CorpusError(f"{where}: cannot read, {what} ({type(exc).__name__}: {exc})")
 
 
 def _sniff_lines(path: PathLike) -> str | None:
     """Format of the first non-empty line that parses as a JSON object, or None."""
     stream, raw = _open_binary(path)
+    n = 0
     try:
-        for n, line in enumerate(stream):
+        for n, line in enumerate(stream):  # noqa: B007 - n names the line a broken .gz stops at
             if n >= _SNIFF_LINES:
                 break
             if line.isspace():
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(obj, dict):
                 if "contents" in obj:
@@ -239,6 +250,8 @@ def _sniff_lines(path: PathLike) -> str | None:
                 if "text" in obj:
                     return "jsonl"
                 return None
+    except (OSError, EOFError, zlib.error) as e:
+        raise _unreadable(path, n + 1, e) from None
     finally:
         stream.close()
         raw.close()
@@ -264,6 +277,8 @@ def detect_format(path: PathLike) -> str:
         stream, raw = _open_binary(path)
         try:
             head = stream.read(_SNIFF_BYTES).decode("utf-8", errors="replace")
+        except (OSError, EOFError, zlib.error) as e:
+            raise _unreadable(path, None, e) from None
         finally:
             stream.close()
             raw.close()
@@ -390,8 +405,8 @@ class CorpusReader:
                     continue
                 self.read += 1
                 yield passage
-        except (OSError, EOFError) as e:
-            raise CorpusError(f"{self.path}: cannot read ({e})") from e
+        except (OSError, EOFError, zlib.error) as e:
+            raise _unreadable(self.path, lineno + 1, e) from None
         finally:
             self._close(stream)
 
@@ -400,8 +415,10 @@ class CorpusReader:
         try:
             try:
                 data = json.loads(stream.read())
-            except (ValueError, OSError, EOFError) as e:
-                raise CorpusError(f"{self.path}: not a valid wiki-summaries JSON file ({e})") from e
+            except (OSError, EOFError, zlib.error) as e:
+                raise _unreadable(self.path, None, e) from None
+            except (ValueError, RecursionError) as e:
+                raise CorpusError(f"{self.path}: not a valid wiki-summaries JSON file ({e})") from None
         finally:
             self._close(stream)
         if not isinstance(data, dict):

@@ -10,7 +10,10 @@ Containers (chosen by content, never by the file name, except ``.csv``):
 - ``.csv`` with a header line (Bamboogle, EX-FEVER); a row is named ``PATH:LINE``.
 
 ``.gz`` files are decompressed on the fly; a UTF-8 byte-order mark is ignored. Every problem raises
-:class:`DatasetError` whose message starts with the row's name, e.g. ``musique.json:17: missing key 'paragraphs'``.
+:class:`DatasetError` whose message starts with the row's name, e.g. ``musique.json:17: missing key 'paragraphs'``;
+a file that is not UTF-8 or a broken ``.gz`` names the first line it cannot read (``data.jsonl:3: not UTF-8 ...``).
+Strings that JSON escapes spell as lone surrogates (``"\\ud800"``) are replaced by U+FFFD, so every row can be
+written back as UTF-8.
 """
 
 from __future__ import annotations
@@ -20,15 +23,21 @@ import gzip
 import hashlib
 import json
 import os
+import re
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from sleuth.records import Passage
+from sleuth.records import Passage, encodable, encodable_json
 
 PathLike = str | os.PathLike[str]
 
 _HEAD_BYTES = 1 << 16
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff); only text holding one can decode to a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# What reading a file that is not UTF-8 text, or a broken .gz, raises.
+_UNREADABLE = (UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
 
 
 class DatasetError(ValueError):
@@ -191,12 +200,62 @@ def _csv_rows(path: str) -> Iterator[Row]:
             index += 1
 
 
+def _clean(obj: Any, text: str) -> Any:
+    """``obj`` (decoded from ``text``) with lone surrogates replaced; a scan of ``text`` skips the walk when the
+    text holds no surrogate escape, which is almost always."""
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return obj
+    try:
+        return encodable_json(obj)
+    except RecursionError:  # nested past the recursion limit: left to the loader's own checks
+        return obj
+
+
+def _unreadable(path: str, exc: BaseException) -> DatasetError:
+    """A :class:`DatasetError` naming the first line of ``path`` that cannot be read, and why.
+
+    Text decoding happens a buffer at a time, ahead of the line being parsed, so the file is scanned again
+    line by line (only when reading failed) to find the line that holds the bad byte or where the .gz breaks.
+    """
+    line = 0
+    reason = f"cannot read ({type(exc).__name__}: {exc})"
+    try:
+        opener = gzip.open if path.lower().endswith(".gz") else open
+        with opener(path, "rb") as f:
+            for line, raw in enumerate(f, 1):  # noqa: B007 - the line reached is reported
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    byte = raw[e.start]
+                    reason = (
+                        f"not UTF-8 text (byte 0x{byte:02x} at column {e.start + 1}); re-save the file as UTF-8 "
+                        "(e.g. iconv -f latin1 -t utf-8)"
+                    )
+                    break
+            else:
+                line = 0
+    except (EOFError, OSError, zlib.error) as e:  # a broken .gz: the line being read when it broke
+        line += 1
+        reason = f"cannot read, the .gz file is damaged ({type(e).__name__}: {e})"
+    where = f"{path}:{line}" if line else path
+    return DatasetError(f"{where}: {reason}", path=path, row=line or None)
+
+
 def read_records(path: PathLike) -> Iterator[Row]:
     """Yield the records of a dataset file as :class:`Row` objects (see the module docstring for containers).
 
     JSON lines are read one line at a time, so stopping early reads only the start of the file.
     """
     name = os.fspath(path)
+    try:
+        yield from _read_records(name)
+    except _UNREADABLE as exc:
+        raise _unreadable(name, exc) from None
+    except RecursionError:
+        raise DatasetError(f"{name}: JSON nested too deeply", path=name) from None
+
+
+def _read_records(name: str) -> Iterator[Row]:
     if is_csv(name):
         yield from _csv_rows(name)
         return
@@ -213,9 +272,10 @@ def read_records(path: PathLike) -> Iterator[Row]:
         if first.lstrip().startswith("{"):
             try:
                 obj = json.loads(first)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 obj = None  # a pretty-printed object spanning lines: parse the whole file below
             if obj is not None:
+                obj = _clean(obj, first)
                 if _is_keyed(obj) and not any(rest.strip() for rest in f):
                     yield from _object_rows(name, obj)
                     return
@@ -231,7 +291,7 @@ def read_records(path: PathLike) -> Iterator[Row]:
             except json.JSONDecodeError as line_error:
                 raise _json_error(name, lineno, line_error) from None
         raise _json_error(name, e.lineno + lineno - 1, e) from None
-    yield from _object_rows(name, whole)
+    yield from _object_rows(name, _clean(whole, text))
 
 
 def _jsonl_rows(path: str, f: IO[str], first: Any, lineno: int) -> Iterator[Row]:
@@ -247,9 +307,11 @@ def _jsonl_rows(path: str, f: IO[str], first: Any, lineno: int) -> Iterator[Row]
             lineno += 1
             if line.strip():
                 try:
-                    obj = json.loads(line)
+                    obj = _clean(json.loads(line), line)
                 except json.JSONDecodeError as e:
                     raise _json_error(path, lineno, e) from None
+                except RecursionError:
+                    raise DatasetError(f"{path}:{lineno}: JSON nested too deeply", path=path, row=lineno) from None
                 break
         else:
             return
@@ -261,6 +323,15 @@ def first_record(path: PathLike) -> dict[str, Any] | None:
     A JSON array is decoded only up to its first element, so detecting the format of a large array is cheap.
     """
     name = os.fspath(path)
+    try:
+        return _first_record(name)
+    except _UNREADABLE as exc:
+        raise _unreadable(name, exc) from None
+    except RecursionError:
+        raise DatasetError(f"{name}: JSON nested too deeply", path=name) from None
+
+
+def _first_record(name: str) -> dict[str, Any] | None:
     if not is_csv(name):
         with _open_text(name) as f:
             head = f.read(_HEAD_BYTES)
@@ -283,8 +354,8 @@ def first_record(path: PathLike) -> dict[str, Any] | None:
                     if not isinstance(obj, dict):
                         message = f"{name}[0]: expected a JSON object, got {_type_name(obj)}"
                         raise DatasetError(message, path=name, row=0)
-                    return obj
-    for row in read_records(name):
+                    return _clean(obj, head)
+    for row in _read_records(name):
         return row.data
     return None
 
@@ -313,8 +384,8 @@ def passage_id(title: str, text: str) -> str:
 
 def make_passage(title: Any, text: str, pid: str | None = None, **meta: Any) -> Passage:
     """A :class:`Passage` with a cleaned title, stripped text and (unless given) the :func:`passage_id`."""
-    title = clean_title(title)
-    text = text.strip()
+    title = encodable(clean_title(title))
+    text = encodable(text.strip())
     return Passage(id=pid if pid is not None else passage_id(title, text), title=title, text=text, meta=meta)
 
 

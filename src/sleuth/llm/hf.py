@@ -30,6 +30,7 @@ from sleuth.llm.base import (
     register_backend,
     truncate_at_stop,
 )
+from sleuth.records import encodable
 
 SCORE_LOGITS_BYTES = 1 << 30  # per forward pass of score(): see HFLLM._score_rows
 
@@ -208,7 +209,8 @@ class HFLLM(LLM):
         for generated in output[:, width:].tolist():
             cut = next((j for j, t in enumerate(generated) if t in self.eos_ids or t == pad), None)
             ids = generated if cut is None else generated[:cut]
-            text, stopped = truncate_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), sampling.stop)
+            text = encodable(self.tokenizer.decode(ids, skip_special_tokens=True))
+            text, stopped = truncate_at_stop(text, sampling.stop)
             finished = stopped or cut is not None or len(ids) < sampling.max_new_tokens
             results.append(_RowResult(text=text, token_ids=ids, finish_reason="stop" if finished else "length"))
         return results
