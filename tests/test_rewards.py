@@ -97,6 +97,39 @@ def test_relevance_exact_overlap_disjoint(relevance: str, expected: float) -> No
     assert arena_relevance_reward(arena_text(relevance=relevance), {1, 3}) == expected
 
 
+@pytest.mark.parametrize(
+    ("relevance", "gold", "expected"),
+    [
+        ("[1.5, 1]", {1}, 0.5),  # 1.5 stays in the set: {1, 1.5} != {1}, overlap {1}
+        ("[true]", {1}, 1.0),  # a JSON true is Python's True, and True == 1
+        ("[true, 1]", {1}, 1.0),  # {True, 1} is one element
+        ("[false]", {1}, 0.0),  # False == 0: no reference 0
+        ("[1, 2.0, true]", {1, 2}, 1.0),
+        ("[3.5]", {3}, 0.0),  # 3.5 overlaps nothing
+        ("[1, null]", {1}, 0.0),  # sorted() cannot order None and 1: the reference's except scores 0
+        ('[1, "a"]', {1}, 0.0),  # int vs str: unorderable, 0 (not 0.5)
+        ("[[1]]", {1}, 0.0),  # a list element is unhashable
+        ("null", {1}, 0.0),
+        ('"1"', {1}, 0.0),  # a JSON string iterates as characters, which never equal ints
+        ('{"1": 1}', {1}, 0.0),  # an object iterates as its (string) keys
+        ("[" + "9" * 5000 + "]", {1}, 0.0),  # past Python's int-string limit: unreadable, no crash
+        ("[" * 100_000, {1}, 0.0),  # nesting past the recursion limit: unreadable, no crash
+        ("[1e400, 1]", {1}, 0.5),  # JSON's 1e400 is inf: an extra element
+    ],
+)
+def test_relevance_follows_the_reference_set_semantics(relevance: str, gold: set[int], expected: float) -> None:
+    """Issue 21 item 2: the reference code takes ``set(json.loads(section))`` with the elements as they are."""
+    assert arena_relevance_reward(arena_text(relevance=relevance), gold) == expected
+
+
+def test_reference_totals_for_a_non_integral_id_and_a_json_true() -> None:
+    """Issue 21 item 2, the issue's own inputs: format and answer right, gold [1]."""
+    fractional = arena_reward(arena_text(relevance="[1.5, 1]"), ["Warsaw"], [1])
+    assert fractional == {"format": 1.0, "accuracy": 1.0, "relevance": 0.5, "bonus": 0.0, "total": 2.5}
+    true = arena_reward(arena_text(relevance="[true]"), ["Warsaw"], [1])
+    assert true == {"format": 1.0, "accuracy": 1.0, "relevance": 1.0, "bonus": 10.0, "total": 13.0}
+
+
 def test_relevance_needs_a_ground_truth_and_a_section() -> None:
     assert arena_relevance_reward(GOOD, set()) == 0.0
     assert arena_relevance_reward("<answer>Warsaw</answer>", {1}) == 0.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,8 +21,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from sleuth.agents.base import Context, escape_observation, load_prompt, register_agent
+from sleuth.agents.base import Context, escape_observation, load_prompt, neutralize_special_tokens, register_agent
 from sleuth.llm import Sampling
+from sleuth.llm.base import COMMON_SPECIAL_TOKENS
 from sleuth.records import Example, Passage, Trace
 
 PROMPT_VARIANTS = ("code", "paper")
@@ -43,11 +44,7 @@ _FORMAT = re.compile(
     """,
     re.DOTALL | re.VERBOSE | re.MULTILINE,
 )
-# Official extraction: the first complete tag pair, independent of the format check.
-_SECTION = {
-    tag: re.compile(rf"<{tag}>\s*(.*?)\s*</{tag}>", re.DOTALL | re.MULTILINE)
-    for tag in ("relevance", "analysis", "answer")
-}
+_TAGS = ("relevance", "analysis", "answer")
 _KNOWN_TAG = re.compile(r"</?(?:relevance|analysis|answer)>")
 _ANY_TAG = re.compile(r"</?\s*[A-Za-z_][\w-]*\s*/?>")
 _INT = re.compile(r"\d+")
@@ -78,20 +75,76 @@ def arena_format_ok(text: str) -> bool:
     return _FORMAT.match(text) is not None
 
 
-def _strict_relevance(content: str) -> list[int] | None:
-    """The official rule: the section must be a JSON list of numbers (``[1,5]``, ``[1.0, 5]``); anything else
-    (``1,5``, ``["1"]``, a bare ``3``) selects nothing. Non-integral numbers can never equal an index: dropped."""
+def section(text: str, tag: str) -> str | None:
+    r"""The official extraction (``re.search(r"<tag>\s*(.*?)\s*</tag>", DOTALL)``, research/arena.md 2.3) without
+    its cubic backtracking: the content between the first ``<tag>`` and the first ``</tag>`` after it, stripped of
+    surrounding whitespace (``str.strip`` and the regex's ``\s`` agree on every code point); None without a pair.
+    (When the first ``<tag>`` has no closing tag after it, no later one has either.)"""
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    start = text.find(opening)
+    if start < 0:
+        return None
+    start += len(opening)
+    end = text.find(closing, start)
+    return None if end < 0 else text[start:end].strip()
+
+
+def _json(content: str) -> Any:
+    """``json.loads`` that never raises: None for invalid JSON, numbers past Python's 4,300-digit int limit
+    (ValueError) and nesting past the recursion limit."""
     try:
-        value = json.loads(content)
-    except ValueError:
+        return json.loads(content)
+    except (ValueError, RecursionError):
         return None
-    if not isinstance(value, list) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+
+
+def reference_relevance(text: str) -> list[Any] | None:
+    """The reference code's relevance selection (ARENA ``src/rewards.py``, research/arena.md 2.3, 4.1): the first
+    ``<relevance>`` pair's content parsed as JSON and turned into ``sorted(set(value))`` with the elements as they
+    are, so ``[1.5, 1]`` stays ``[1, 1.5]`` and ``true`` stays ``True`` (which equals 1). None wherever the
+    reference's code raises and scores 0: no pair, invalid JSON, a value ``set()`` rejects (a bare number,
+    ``null``) or elements ``sorted()`` cannot order (``[1, "a"]``, ``[[1]]``). A JSON string or object iterates
+    as its characters or keys, as ``set()`` does in the reference."""
+    content = section(text, "relevance")
+    if content is None:
         return None
-    return _unique(int(v) for v in value if float(v).is_integer())
+    value = _json(content)
+    try:
+        return sorted(set(value))
+    except TypeError:
+        return None
+
+
+def _strict_relevance(content: str) -> list[int] | None:
+    """The official rule: the section must be a JSON list of numbers (``[1,5]``, ``[1.0, 5]``, ``[true]`` which the
+    reference counts as 1); anything else (``1,5``, ``["1"]``, a bare ``3``) selects nothing. Non-integral numbers
+    can never equal an index and are dropped from the citations (:func:`reference_relevance` keeps them, for the
+    reward)."""
+    value = _json(content)
+    if not isinstance(value, list) or not all(isinstance(v, int | float) for v in value):
+        return None
+    return _unique(int(v) for v in value if isinstance(v, int) or v.is_integer())
 
 
 def _unique(numbers: Iterable[int]) -> list[int]:
     return list(dict.fromkeys(numbers))
+
+
+# Reference numbers are small; a longer digit run is no reference and would meet Python's int-string limit.
+_MAX_DIGITS = 9
+
+
+def _numbers(texts: Iterable[str], fallbacks: list[str]) -> list[int]:
+    """Every digit run in ``texts`` as an int; runs over ``_MAX_DIGITS`` digits are skipped (``number_too_long``)."""
+    out: list[int] = []
+    for text in texts:
+        for run in _INT.findall(text):
+            if len(run) > _MAX_DIGITS:
+                if "number_too_long" not in fallbacks:
+                    fallbacks.append("number_too_long")
+                continue
+            out.append(int(run))
+    return out
 
 
 def _unclosed(text: str, tag: str) -> str | None:
@@ -109,50 +162,66 @@ def _first_line(text: str) -> str:
 
 
 def parse_arena(text: str, strict: bool = False) -> ArenaOutput:
-    """Parse an ARENA completion.
+    """Parse an ARENA completion (linear time in ``len(text)``; never raises).
 
     ``strict``: the official evaluate.py rules only: the first complete tag pair of each section (``""`` when a
     tag is missing) and the JSON relevance rule. Otherwise lenient (the default), so that an answer is extracted
     whenever the text holds one, recording each rule used in ``fallback``: ``relevance_ints`` (numbers read from a
     non-JSON section), ``relevance_unclosed``, ``relevance_from_analysis`` (no section: the numbers the analysis
-    cites), ``no_relevance``, ``analysis_unclosed``, ``no_analysis``, ``answer_unclosed`` (truncated answer),
-    ``answer_label`` / ``answer_untagged`` (untagged text outside the sections), ``no_answer``, and ``bad_format``
-    when the format check failed although every section was found. ``format_ok`` is always the official check.
+    cites), ``no_relevance``, ``number_too_long`` (a digit run too long to be a reference number, skipped),
+    ``analysis_unclosed``, ``no_analysis``, ``answer_unclosed`` (truncated answer), ``answer_label`` /
+    ``answer_untagged`` (untagged text outside the sections), ``no_answer``, and ``bad_format`` when the format
+    check failed although every section was found. ``format_ok`` is always the official check.
     """
     format_ok = arena_format_ok(text)
-    found = {tag: pattern.search(text) for tag, pattern in _SECTION.items()}
-    answer = found["answer"].group(1) if found["answer"] else ""
-    analysis = found["analysis"].group(1) if found["analysis"] else ""
-    strict_rel = _strict_relevance(found["relevance"].group(1)) if found["relevance"] else None
+    found = {tag: section(text, tag) for tag in _TAGS}
+    answer = found["answer"] or ""
+    analysis = found["analysis"] or ""
+    strict_rel = _strict_relevance(found["relevance"]) if found["relevance"] is not None else None
     if strict:
         return ArenaOutput(strict_rel or [], analysis, answer, format_ok)
 
     fallbacks: list[str] = []
     relevance = strict_rel
     if relevance is None:
-        if found["relevance"]:
-            relevance, rule = [int(n) for n in _INT.findall(found["relevance"].group(1))], "relevance_ints"
+        if found["relevance"] is not None:
+            relevance, rule = _numbers([found["relevance"]], fallbacks), "relevance_ints"
         elif (content := _unclosed(text, "relevance")) is not None:
-            relevance, rule = [int(n) for n in _INT.findall(content)], "relevance_unclosed"
+            relevance, rule = _numbers([content], fallbacks), "relevance_unclosed"
         else:
             cites = _ANALYSIS_CITE.findall(analysis or text)
-            relevance = [int(n) for groups in cites for group in groups for n in _INT.findall(group)]
+            relevance = _numbers((group for groups in cites for group in groups), fallbacks)
             rule = "relevance_from_analysis"
         relevance = _unique(relevance)
         fallbacks.append(rule if relevance else "no_relevance")
 
-    if not found["analysis"]:
+    if found["analysis"] is None:
         unclosed = _unclosed(text, "analysis")
         analysis = unclosed or ""
         fallbacks.append("analysis_unclosed" if unclosed is not None else "no_analysis")
 
-    if not found["answer"]:
+    if found["answer"] is None:
         answer, rule = _lenient_answer(text)
         fallbacks.append(rule)
 
     if not fallbacks and not format_ok:
         fallbacks.append("bad_format")
     return ArenaOutput(relevance, analysis, answer, format_ok, "+".join(fallbacks) or None)
+
+
+def _drop_sections(text: str, tag: str) -> str:
+    r"""``re.sub(r"<tag>.*?</tag>", "\n", text, flags=re.DOTALL)`` by scanning (the regex is quadratic on many
+    unclosed ``<tag>``s): each complete pair, leftmost first and not overlapping, becomes a newline."""
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    parts: list[str] = []
+    at = 0
+    while (start := text.find(opening, at)) >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            break
+        parts += [text[at:start], "\n"]
+        at = end + len(closing)
+    return "".join(parts) + text[at:]
 
 
 def _lenient_answer(text: str) -> tuple[str, str]:
@@ -162,16 +231,18 @@ def _lenient_answer(text: str) -> tuple[str, str]:
         return _first_line(unclosed), "answer_unclosed"
     rest = text
     for tag in ("relevance", "analysis"):  # drop the complete sections, then any section cut off by truncation
-        rest = re.sub(rf"<{tag}>.*?</{tag}>", "\n", rest, flags=re.DOTALL)
-    rest = re.sub(r"<(?:relevance|analysis)>.*", "\n", rest, flags=re.DOTALL)
+        rest = _drop_sections(rest, tag)
+    cuts = [i for i in (rest.find("<relevance>"), rest.find("<analysis>")) if i >= 0]
+    if cuts:
+        rest = rest[: min(cuts)] + "\n"
     rest = _ANY_TAG.sub("\n", rest)  # stray tags of any name (``<ref>``) are not an answer
-    lines = rest.splitlines()
+    lines = [line.strip() for line in rest.splitlines()]
     for i, line in enumerate(lines):
         if label := _ANSWER_LABEL.search(line):  # the label's own line, else the next non-empty one
-            found = label.group(1).strip() or _first_line("\n".join(lines[i + 1 :]))
+            found = label.group(1).strip() or next((later for later in lines[i + 1 :] if later), "")
             if found:
                 return found.rstrip("."), "answer_label"
-    line = _first_line(rest)
+    line = next((line for line in lines if line), "")
     return (line, "answer_untagged") if line else ("", "no_answer")
 
 
@@ -189,21 +260,32 @@ def citation_precision_recall(
 # --------------------------------------------------------------------------------------------------- prompt
 
 
-def format_references(passages: list[Passage]) -> str:
-    """The official ``{references}``: ``"1. text\\n2. text"`` in the given order, texts only (no titles), each
-    escaped so that a reference cannot close ``</references>`` or forge ``<relevance>``/``<answer>`` tags.
+def _inert(text: str) -> str:
+    """What :meth:`Context.inert` does without a run: tags escaped, the common chat-template tokens broken."""
+    return neutralize_special_tokens(escape_observation(text), COMMON_SPECIAL_TOKENS)
+
+
+def format_references(passages: list[Passage], inert: Callable[[str], str] = _inert) -> str:
+    """The official ``{references}``: ``"1. text\\n2. text"`` in the given order, texts only (no titles), each made
+    inert (the agent passes :meth:`Context.inert`: tags escaped, so that a reference cannot close
+    ``</references>`` or forge ``<relevance>``/``<answer>`` tags, and the run's special tokens broken, so that it
+    cannot open a chat turn).
 
     The official code leaves a single reference unnumbered; here it is numbered too (``1. text``) so that the
     model can always cite it."""
-    return "\n".join(f"{i}. {escape_observation(p.text)}" for i, p in enumerate(passages, 1))
+    return "\n".join(f"{i}. {inert(p.text)}" for i, p in enumerate(passages, 1))
 
 
-def arena_prompt(question: str, passages: list[Passage], variant: str = "code") -> str:
+def arena_prompt(
+    question: str, passages: list[Passage], variant: str = "code", inert: Callable[[str], str] = _inert
+) -> str:
     """The user message: ``code`` = the official training/inference prompt of the released checkpoints (it ends
-    with a newline, as the official string does); ``paper`` = Table 1 of the paper."""
+    with a newline, as the official string does); ``paper`` = Table 1 of the paper. ``inert`` makes each
+    reference's text safe (:func:`format_references`)."""
     if variant not in PROMPT_VARIANTS:
         raise ValueError(f"unknown ARENA prompt {variant!r}; use one of {PROMPT_VARIANTS}")
-    prompt = load_prompt(f"arena_{variant}").format(question=question, references=format_references(passages))
+    references = format_references(passages, inert)
+    prompt = load_prompt(f"arena_{variant}").format(question=question, references=references)
     return prompt + "\n" if variant == "code" else prompt
 
 
@@ -292,7 +374,8 @@ async def arena(example: Example, ctx: Context, trace: Trace) -> Trace:
     """ARENA: answer from numbered references, naming the ones used (relevance, analysis, answer)."""
     config: ArenaConfig = ctx.config
     references, source = await _references(example, ctx, trace, config)
-    step = await ctx.chat(trace, "answer", arena_prompt(example.question, references, config.prompt), config.sampling)
+    prompt = arena_prompt(example.question, references, config.prompt, ctx.inert)
+    step = await ctx.chat(trace, "answer", prompt, config.sampling)
     out = parse_arena(step.output or "", strict=config.strict)
 
     reference_ids = [p.id for p in references]

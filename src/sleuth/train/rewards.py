@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sleuth.agents.arena import arena_format_ok, parse_arena
+from sleuth.agents.arena import arena_format_ok, parse_arena, reference_relevance
 from sleuth.agents.base import Context
 from sleuth.agents.s3 import S3Config, answer_with_generator, task_question
 from sleuth.eval.metrics import (
@@ -177,20 +177,24 @@ async def arena_judge_accuracy(completion: str, golds: Iterable[str], judge: Jud
 
 
 def arena_relevance_reward(completion: str, gold_ids: Iterable[int]) -> float:
-    """R_rel (arena.md §4.1, §2.3): the ``<relevance>`` section read by the official rule (a JSON list of
-    numbers; anything else selects nothing), compared as sets with the 1-based supporting reference numbers.
+    """R_rel (arena.md §4.1, §2.3) with the reference code's set semantics: the first ``<relevance>`` section
+    parsed as JSON and taken as a set of its elements as they are (:func:`sleuth.agents.arena.reference_relevance`),
+    compared with the 1-based supporting reference numbers.
 
-    1.0 when the sets are equal; 0.5 for any other non-empty overlap, supersets (``[1,5,7]`` vs ``{1,5}``) and
-    subsets (``[1]``) included; 0.0 for disjoint, empty or unreadable selections. An empty ``gold_ids`` scores
-    0.0 (relevance cannot be rewarded without a ground truth; ARENA's data always has one). Non-integral numbers
-    are dropped by the strict parser (:func:`sleuth.agents.arena.parse_arena`)."""
-    gold = {int(i) for i in gold_ids}
+    1.0 when the sets are equal (``[3, 1, 1]``, ``[1.0, 3.0]`` and ``[true]`` for gold ``{1}`` included: ``True ==
+    1``); 0.5 for any other non-empty overlap, supersets (``[1,5,7]`` vs ``{1,5}``), subsets and non-integral
+    extras (``[1.5, 1]`` vs ``{1}``) included; 0.0 for disjoint, empty or unreadable selections (what the reference
+    code's ``except`` scores). An empty ``gold_ids`` scores 0.0 (the reference would pay 1.0 for ``[]``;
+    relevance cannot be rewarded without a ground truth, and ARENA's data always has one)."""
+    gold = sorted({int(i) for i in gold_ids})
     if not gold:
         return 0.0
-    predicted = set(parse_arena(completion, strict=True).relevance)
+    predicted = reference_relevance(completion)
+    if predicted is None:
+        return 0.0
     if predicted == gold:
         return 1.0
-    return 0.5 if predicted & gold else 0.0
+    return 0.5 if set(predicted) & set(gold) else 0.0
 
 
 def arena_reward(
