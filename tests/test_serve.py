@@ -240,6 +240,7 @@ BAD_REQUESTS = {
     "return_scores not bool": ({"json": {"queries": ["x"], "return_scores": "yes"}}, 422, "return_scores"),
     "not json": ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "not valid JSON"),
     "json array": ({"content": b"[1, 2]"}, 422, "must be a JSON object, not list"),
+    "nested too deeply": ({"content": b"[" * (MAX_BODY - 1)}, 400, "not valid JSON: nested too deeply"),
     "oversized with content-length": (
         {"json": {"queries": ["a" * MAX_BODY]}},
         413,
@@ -274,6 +275,63 @@ def test_search_failure_is_a_500_and_server_keeps_serving(live: Live, client: ht
     r = client.post(f"{live.url}/retrieve", json={"queries": ["boom"]})
     assert r.status_code == 500 and "index exploded on 'boom'" in r.json()["detail"]
     good_request_works(client, live.url)
+
+
+def test_nested_json_repro_is_a_400_with_detail_on_default_limits(bm25: BM25Retriever, client: httpx.Client) -> None:
+    with serving(create_app(bm25)) as url:
+        r = client.post(f"{url}/retrieve", content=b"[" * 100_000)
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+        assert r.json() == {"detail": "request body is not valid JSON: nested too deeply"}
+        good_request_works(client, url)
+
+
+def _read_response(sock: socket.socket, limit_s: float) -> bytes:
+    """Everything the server sends until it closes the connection (or ``limit_s`` passes)."""
+    sock.settimeout(0.2)
+    data = b""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_a_stalled_body_is_a_408_and_the_connection_is_closed(bm25: BM25Retriever, client: httpx.Client) -> None:
+    with serving(create_app(bm25, body_timeout=1.0)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            start = time.monotonic()
+            head = (
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 60\r\n\r\n"
+            )
+            sock.sendall(head + b'{"queries": ["res')  # ... and nothing more
+            data = _read_response(sock, limit_s=15)
+            elapsed = time.monotonic() - start
+        assert data.startswith(b"HTTP/1.1 408 "), data[:200]
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1]) == {
+            "detail": "request body not received within 1 s (17 bytes arrived)"
+        }
+        assert 0.8 < elapsed < 6.0, elapsed  # closed by the server soon after the timeout, not held open
+        good_request_works(client, url)
+    with pytest.raises(ValueError, match="body_timeout"):
+        create_app(bm25, body_timeout=0)
+
+
+def test_lone_surrogates_in_queries_and_passages_are_served_as_utf8(client: httpx.Client) -> None:
+    from tests.scripted import ListRetriever
+
+    seen = ListRetriever([Passage("1", "T\ud800", "text \udfff here", score=1.0)])
+    with serving(create_app(seen)) as url:
+        r = client.post(f"{url}/retrieve", content=b'{"queries": ["who \\ud800"], "return_scores": true}')
+        assert r.status_code == 200, r.text
+        r.content.decode("utf-8")
+        assert r.json()["result"][0][0]["document"]["contents"] == '"T\ufffd"\ntext \ufffd here'
+        assert seen.queries == ["who \ufffd"]
 
 
 # ------------------------------------------------------------------------------------------------ bearer token

@@ -49,10 +49,10 @@ def backoff_delay(attempt: int, backoff: float, retry_after: str | None = None, 
     return min(base + random.uniform(0, 0.1 * base), cap)
 
 
-def json_body(value: Any) -> bytes:
-    """``value`` as a UTF-8 JSON request body; lone surrogates in its strings become U+FFFD instead of raising
-    (httpx's own ``json=`` encoding raises UnicodeEncodeError on them)."""
-    return encodable(json.dumps(value, ensure_ascii=False, allow_nan=False)).encode("utf-8")
+def json_body(value: Any, allow_nan: bool = False) -> bytes:
+    """``value`` as a UTF-8 JSON body; lone surrogates in its strings become U+FFFD instead of raising (httpx's own
+    ``json=`` encoding raises UnicodeEncodeError on them)."""
+    return encodable(json.dumps(value, ensure_ascii=False, allow_nan=allow_nan)).encode("utf-8")
 
 
 JSON_HEADERS = {"Content-Type": "application/json"}

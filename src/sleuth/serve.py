@@ -11,11 +11,13 @@ One inner list per query, in request order, best hit first. This is exactly what
 ``retrieval_server.py`` answers, so Search-R1 / FlashRAG clients (and
 :class:`~sleuth.retrieval.remote.RemoteRetriever`) can use a sleuth index unchanged.
 
-Bad requests get a JSON ``{"detail": "<what is wrong>"}``: 400 for a body that is not JSON (or a malformed
-Content-Length), 422 for a body that does not validate (missing or mistyped field, empty query list, a non-string
-query, ``topk`` outside ``1..max_topk``, more than ``max_queries`` queries), 413 for a body over ``max_body_bytes``
-(checked against Content-Length and against the bytes actually read, so chunked bodies are bounded too), 401 for a
-missing or wrong bearer token when ``token`` is set (``/health`` stays open).
+Bad requests get a JSON ``{"detail": "<what is wrong>"}``: 400 for a body that is not JSON (or is nested too
+deeply to decode, or has a malformed Content-Length), 408 for a body that does not arrive within ``body_timeout``
+seconds (10 by default: a client that sends its headers and then stalls holds a connection no longer than that),
+422 for a body that does not validate (missing or mistyped field, empty query list, a non-string query, ``topk``
+outside ``1..max_topk``, more than ``max_queries`` queries), 413 for a body over ``max_body_bytes`` (checked
+against Content-Length and against the bytes actually read, so chunked bodies are bounded too), 401 for a missing
+or wrong bearer token when ``token`` is set (``/health`` stays open).
 
 With ``batching=True`` every query goes through :meth:`Retriever.asearch`, so queries of concurrent requests are
 coalesced by the retriever's micro-batcher into one batched ``search`` call; with ``batching=False`` each query is a
@@ -37,8 +39,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, create_model
 from starlette.requests import ClientDisconnect
 
-from sleuth._http import is_loopback
-from sleuth.records import Passage
+from sleuth._http import is_loopback, json_body
+from sleuth.records import Passage, encodable
 from sleuth.retrieval.base import RetrievalError, Retriever
 
 logger = logging.getLogger("sleuth.serve")
@@ -85,10 +87,16 @@ def create_app(
     max_body_bytes: int = 1_000_000,
     token: str | None = None,
     batching: bool = True,
+    body_timeout: float = 10.0,
 ) -> fastapi.FastAPI:
-    """A FastAPI app serving ``retriever`` on ``POST /retrieve`` and ``GET /health`` (see the module docstring)."""
+    """A FastAPI app serving ``retriever`` on ``POST /retrieve`` and ``GET /health`` (see the module docstring).
+
+    ``body_timeout`` bounds, in seconds, the time from the request's headers to the last byte of its body.
+    """
     if max_topk < 1 or max_queries < 1 or max_body_bytes < 1:
         raise ValueError("max_topk, max_queries and max_body_bytes must be >= 1")
+    if not body_timeout > 0:
+        raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
     if token is not None and not token:
         raise ValueError("token is empty; pass None to serve without authentication")
     request_model = _request_model(max_topk, max_queries)
@@ -136,18 +144,24 @@ def create_app(
         chunks: list[bytes] = []
         size = 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > max_body_bytes:
-                    return _error(413, f"request body exceeds the limit of {max_body_bytes} bytes")
-                chunks.append(chunk)
+            async with asyncio.timeout(body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > max_body_bytes:
+                        return _error(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+                    chunks.append(chunk)
         except ClientDisconnect:
             return Response(status_code=400)
+        except TimeoutError:
+            message = f"request body not received within {body_timeout:g} s ({size} bytes arrived)"
+            return _error(408, message, {"Connection": "close"})
 
         try:
             payload = json.loads(b"".join(chunks))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return _error(400, f"request body is not valid JSON: {exc}")
+        except RecursionError:
+            return _error(400, "request body is not valid JSON: nested too deeply")
         if not isinstance(payload, dict):
             return _error(422, f"request body must be a JSON object, not {type(payload).__name__}")
         try:
@@ -155,7 +169,7 @@ def create_app(
         except ValidationError as exc:
             return _error(422, _validation_message(exc))
 
-        queries: list[str] = body.queries  # type: ignore[attr-defined]
+        queries = [encodable(q) for q in body.queries]  # type: ignore[attr-defined]
         k: int = body.topk  # type: ignore[attr-defined]
         with_scores: bool = body.return_scores  # type: ignore[attr-defined]
         try:
@@ -166,10 +180,10 @@ def create_app(
 
         answer = {"result": [[_hit(p, with_scores) for p in hits] for hits in results]}
         if sum(len(hits) for hits in results) > _THREAD_ENCODE_HITS:
-            content = await asyncio.to_thread(json.dumps, answer, ensure_ascii=False)
+            content = await asyncio.to_thread(json_body, answer, True)
         else:
-            content = json.dumps(answer, ensure_ascii=False)
-        return Response(content=content.encode("utf-8"), media_type="application/json")
+            content = json_body(answer, allow_nan=True)
+        return Response(content=content, media_type="application/json")
 
     return app
 

@@ -402,7 +402,7 @@ class OpenAICompatLLM(LLM):
     def _decode(response: httpx.Response, url: str) -> dict[str, Any]:
         try:
             data = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise LLMError(
                 f"{url}: HTTP {response.status_code} response is not JSON ({exc}); body: {_snippet(response.text)}"
             ) from exc

@@ -33,10 +33,12 @@ from urllib.parse import urlsplit
 import httpx
 
 from sleuth._http import (
+    JSON_HEADERS,
     backoff_delay,
     error_message,
     is_loopback,
     is_retryable_status,
+    json_body,
     number_option,
     refuse_credentials,
     snippet,
@@ -182,7 +184,7 @@ class RemoteRetriever(Retriever):
             retry_after: str | None = None
             self.stats.requests += 1
             try:
-                response = client.post(url, json=body)
+                response = client.post(url, content=json_body(body), headers=JSON_HEADERS)
             except httpx.TimeoutException as exc:
                 last_failure = f"timed out after {self.timeout:g} s ({type(exc).__name__})"
             except httpx.TransportError as exc:
@@ -192,7 +194,7 @@ class RemoteRetriever(Retriever):
                 if 200 <= status < 300:
                     try:
                         return response.json()
-                    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
                         raise RetrievalError(
                             f"POST {url}: HTTP {status} response is not JSON ({exc}); body: {snippet(response.text)}"
                         ) from exc
