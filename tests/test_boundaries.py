@@ -281,3 +281,16 @@ def test_cli_prints_the_file_line_error_not_a_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx")])
     assert result.exit_code != 0 and f"{corpus}:1:cannotread" in "".join(result.output.split())
     assert "Aborted" not in result.output and "Traceback" not in result.output
+
+
+def test_bm25_index_over_a_corpus_with_surrogate_escapes_serves_encodable_passages(tmp_path: Path) -> None:
+    from sleuth.retrieval.bm25 import BM25Retriever, build_bm25_index
+    from sleuth.retrieval.store import PASSAGES
+
+    corpus = tmp_path / "c.jsonl"
+    rows = [{"id": "1", "contents": '"Jaws \ud800"\nJaws is a shark film \udfff.'}, {"id": "2", "contents": "B"}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build_bm25_index(corpus, tmp_path / "idx")
+    (hits,) = BM25Retriever(tmp_path / "idx").search(["shark film \ud800"], 1)
+    assert (hits[0].title, hits[0].text) == ("Jaws \ufffd", "Jaws is a shark film \ufffd.")
+    (tmp_path / "idx" / PASSAGES).read_bytes().decode("utf-8")

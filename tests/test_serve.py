@@ -643,3 +643,12 @@ def test_server_token_comes_only_from_the_environment(bm25: BM25Retriever, monke
         run_server(bm25, port=1, token_env="SLEUTH_TEST_TOKEN", token="other")
     with pytest.raises(ValueError, match="token is empty"):
         create_app(bm25, token="")
+
+
+def test_remote_makes_passages_and_queries_encodable(scripted: ScriptedServer) -> None:
+    doc = {"id": "7\ud800", "contents": '"T\ud800"\ntext \udfff'}  # json.dumps writes them as \ud800 escapes
+    scripted.default = {"result": [[{"document": doc, "score": 1.5}]]}
+    remote = RemoteRetriever(f"{scripted.url}/retrieve", max_retries=0)
+    (hits,) = remote.search(["who \ud800"], 1)  # httpx's json= would raise UnicodeEncodeError on the query
+    assert hits == [Passage(id="7\ufffd", title="T\ufffd", text="text \ufffd", score=1.5)]
+    assert scripted.received[0][1]["queries"] == ["who \ufffd"]
