@@ -112,24 +112,139 @@ def test_different_rewards_change_the_policy_and_log_every_term(tmp_path: Path, 
     assert all(r.extra["reward"] == float(len(r.trace.answer or "") % 3) for r in stored)
 
 
-def test_ppo_with_a_value_head_updates_policy_and_critic(tmp_path: Path, tiny_model_dir: Path) -> None:
+def _ppo(tmp_path: Path, tiny_model_dir: Path, **overrides: Any) -> RLConfig:
+    settings: dict[str, Any] = {
+        "algorithm": "ppo",
+        "group_size": 1,
+        "prompts_per_step": 3,
+        "kl_coef": 0.001,
+        "kl": "k1",
+        "entropy_coef": 0.001,
+        "mini_batches": 2,
+        **overrides,
+    }
+    return _config(tmp_path, tiny_model_dir, **settings)
+
+
+def _odd(trace: Trace) -> float:
+    return float(len(trace.answer or "") % 2)
+
+
+def _critic_params(checkpoint: Path) -> dict[str, Any]:
+    """The separate critic of a checkpoint: backbone weights and value head."""
+    import torch
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(checkpoint / "critic" / "backbone").state_dict()
+    head = torch.load(checkpoint / "critic" / "value_head.pt", weights_only=True)
+    return {**{k: v.clone() for k, v in backbone.items()}, **{f"head.{k}": v for k, v in head.items()}}
+
+
+def test_ppo_trains_a_separate_critic_from_the_base_model(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """veRL's layout (s3's reference): the critic is its own model, initialised from the base weights, with its
+    own optimizer and learning rate; both it and the policy learn, and the checkpoint holds both."""
     import torch
 
-    config = _config(
-        tmp_path,
-        tiny_model_dir,
-        algorithm="ppo",
-        group_size=1,
-        prompts_per_step=3,
-        kl_coef=0.001,
-        kl="k1",
-        entropy_coef=0.001,
-        mini_batches=2,
-    )
-    summary = train_online(config, DirectTask(lambda t: float(len(t.answer or "") % 2)), _examples())
-    head = torch.load(tmp_path / "rl" / "checkpoint" / "value_head.pt", weights_only=True)
-    assert float(head["bias"].abs()) > 0  # the critic (initialised at zero) learned something
-    assert "value_loss" in summary["last"] and summary["last"]["grad_norm"] > 0
+    summary = train_online(_ppo(tmp_path, tiny_model_dir), DirectTask(_odd), _examples())
+    checkpoint = tmp_path / "rl" / "checkpoint"
+    assert not (checkpoint / "value_head.pt").exists() and (checkpoint / "critic_optimizer.pt").exists()
+    critic = _critic_params(checkpoint)
+    assert float(critic["head.bias"].abs()) > 0  # the value head (initialised at zero) learned
+    base = _params(tiny_model_dir)
+    # the second mini-batch's gradient reaches the backbone through the now non-zero head
+    assert any(not torch.equal(v, base[f"model.{k}"]) for k, v in critic.items() if not k.startswith("head."))
+    policy = _params(tmp_path / "rl" / "model")
+    assert any(not torch.equal(base[k], policy[k]) for k in base)
+    last = summary["last"]
+    assert last["actor_updated"] is True and last["critic_lr"] == pytest.approx(1e-2) and last["lr"] == 1e-2
+    for key in ("value_loss", "value_clip_fraction", "critic_grad_norm", "grad_norm", "clip_fraction"):
+        assert key in last, key
+
+
+def test_the_value_loss_reaches_the_policy_only_with_a_shared_head(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+
+    from sleuth.train import online_rl, rl
+
+    ids = torch.tensor([[5, 9, 11, 14, 20, 7]])
+    attention = torch.ones_like(ids)
+    mask = torch.tensor([[0.0, 0.0, 1.0, 1.0, 1.0]])
+    for critic in ("separate", "shared_head"):
+        config = _ppo(tmp_path, tiny_model_dir, critic=critic)
+        models = online_rl._Models(config, tiny_model_dir, None, torch.device("cpu"))
+        policy = {id(p) for p in models.policy.parameters()}
+        critic_params = models.critic_parameters() if critic == "separate" else list(models.value_head.parameters())
+        assert not policy & {id(p) for p in critic_params}  # nothing shared, in either layout
+        _, values = models.forward(ids, attention, values=True)
+        loss, _ = rl.value_loss(values[:, :-1], torch.zeros(1, 5), torch.ones(1, 5), mask, clip_eps=10.0)
+        loss.backward()
+        assert all(p.grad is not None for p in critic_params)
+        reached = [p for p in models.policy.parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0)]
+        if critic == "separate":
+            assert reached == []
+        else:  # the shared head's value loss trains the searcher's own weights (after the head moved off zero)
+            with torch.no_grad():
+                models.value_head.weight.fill_(0.1)
+            _, values = models.forward(ids, attention, values=True)
+            loss, _ = rl.value_loss(values[:, :-1], torch.zeros(1, 5), torch.ones(1, 5), mask, clip_eps=10.0)
+            loss.backward()
+            assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in models.policy.parameters())
+
+
+def test_during_the_critic_warmup_only_the_critic_learns(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+
+    config = _ppo(tmp_path, tiny_model_dir, steps=1, critic_warmup_steps=1)
+    summary = train_online(config, DirectTask(_odd), _examples())
+    base, policy = _params(tiny_model_dir), _params(tmp_path / "rl" / "model")
+    assert all(torch.equal(base[k], policy[k]) for k in base)  # not one weight of the policy moved
+    optimizer = torch.load(tmp_path / "rl" / "checkpoint" / "optimizer.pt", weights_only=True)
+    assert optimizer["state"] == {}  # the actor's optimizer never stepped
+    assert float(_critic_params(tmp_path / "rl" / "checkpoint")["head.bias"].abs()) > 0
+    last = summary["last"]
+    assert last["actor_updated"] is False and "value_loss" in last and "grad_norm" not in last
+
+
+def test_the_policy_update_is_independent_of_the_critics_learning(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """With a separate critic the actor's step does not depend on how the critic learns (its rate here); with the
+    shared head it does: the value loss's weight changes the searcher's own weights."""
+    import torch
+
+    def policy_after(name: str, **overrides: Any) -> dict[str, Any]:
+        config = _ppo(tmp_path, tiny_model_dir, output_dir=str(tmp_path / name), **overrides)
+        train_online(config, DirectTask(_odd), _examples())
+        return _params(tmp_path / name / "model")
+
+    fast, frozen = policy_after("fast", critic_learning_rate=1e-2), policy_after("frozen", critic_learning_rate=0.0)
+    assert any(not torch.equal(fast[k], v) for k, v in _params(tiny_model_dir).items())
+    assert all(torch.equal(fast[k], frozen[k]) for k in fast)
+    # (the head starts at zero, so the value gradient reaches the backbone from the second mini-batch on)
+    weighted = policy_after("shared", critic="shared_head", vf_coef=1.0)
+    unweighted = policy_after("shared0", critic="shared_head", vf_coef=0.0)
+    assert any(not torch.equal(weighted[k], unweighted[k]) for k in weighted)
+
+
+def test_a_resumed_ppo_run_restores_the_critic_and_its_optimizer(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Two steps in one go equal one step, a restart, and the second step: the critic and its optimizer state
+    (Adam's moments) come back from the checkpoint."""
+    import torch
+
+    straight = _ppo(tmp_path, tiny_model_dir, output_dir=str(tmp_path / "straight"), steps=2, mini_batches=1)
+    train_online(straight, DirectTask(_odd), _examples())
+    resumed = dataclasses.replace(straight, output_dir=str(tmp_path / "resumed"), steps=1)
+    train_online(resumed, DirectTask(_odd), _examples())
+    after_one = _critic_params(tmp_path / "resumed" / "checkpoint")
+    train_online(dataclasses.replace(resumed, steps=2), DirectTask(_odd), _examples())
+    a, b = _critic_params(tmp_path / "straight" / "checkpoint"), _critic_params(tmp_path / "resumed" / "checkpoint")
+    assert any(not torch.equal(after_one[k], b[k]) for k in b)  # the second step moved the critic
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), max(float((a[k] - b[k]).abs().max()) for k in a)
+    opt_a = torch.load(tmp_path / "straight" / "checkpoint" / "critic_optimizer.pt", weights_only=True)
+    opt_b = torch.load(tmp_path / "resumed" / "checkpoint" / "critic_optimizer.pt", weights_only=True)
+    assert [float(s["step"]) for s in opt_b["state"].values()] == [2.0] * len(opt_b["state"])  # not restarted
+    for k, state in opt_a["state"].items():
+        assert torch.allclose(state["exp_avg_sq"], opt_b["state"][k]["exp_avg_sq"], atol=1e-9)
+    pa, pb = _params(tmp_path / "straight" / "model"), _params(tmp_path / "resumed" / "model")
+    assert all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
 
 
 class Killed(Exception):

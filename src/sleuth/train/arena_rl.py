@@ -29,11 +29,12 @@ from typing import Any, Literal
 
 from sleuth.agents import Context
 from sleuth.agents.arena import ArenaConfig
-from sleuth.agents.base import parse_options
+from sleuth.agents.base import escape_observation, parse_options
 from sleuth.llm import Sampling
 from sleuth.records import Example, Trace
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
+from sleuth.train.tokens import observation_segments
 
 __all__ = ["ArenaRLConfig", "ArenaTask", "load_arena_examples", "main", "relevant_numbers", "train_arena"]
 
@@ -109,9 +110,24 @@ class ArenaTask(Task):
                 bonus=self.config.bonus,
             )
             components = {k: float(v) for k, v in scores.items() if k != "total"}
-            messages = [*step.messages, {"role": "assistant", "content": step.output}]
+            messages = [*_mark_references(step.messages, trace), {"role": "assistant", "content": step.output}]
             out.append(Episode(group=group, messages=messages, reward=float(scores["total"]), components=components))
         return out
+
+
+def _mark_references(messages: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:
+    """The prompt with the texts of its references marked as observations, so that an episode over
+    ``max_episode_tokens`` is shortened in the references, never in the instruction."""
+    by_id = {p.id: p for p in [*trace.example.context, *(p for s in trace.steps for p in s.passages)]}
+    texts = [escape_observation(by_id[i].text) for i in trace.meta.get("reference_ids") or [] if i in by_id]
+    out = [dict(m) for m in messages]
+    for message in reversed(out):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            marked = observation_segments(message["content"], texts)
+            if marked is not None:
+                message["segments"] = marked
+            break
+    return out
 
 
 def load_arena_examples(

@@ -11,26 +11,34 @@ becomes the training conversation (model-written text vs inserted observations) 
 2. **Rewards** from the task (format/EM/relevance/bonus for ARENA, Gain Beyond RAG for s3).
 3. **Tokens.** :func:`sleuth.train.tokens.tokenize_chat`: the ids the chat template gives the whole conversation
    and a mask of model-written tokens; the policy loss, the KL and the value loss cover those only (state masking).
-4. **Advantages.** GRPO: group-normalised sequence rewards. PPO: a value head on the policy backbone (its own
-   learning rate), token rewards = -kl_coef * KL(policy || reference) per model token plus the score on the last
-   one, GAE(gamma, lambda) over the model tokens (observations in between are skipped).
+   An episode over ``max_episode_tokens`` is shortened by cutting inserted observations only
+   (:func:`sleuth.train.tokens.fit_to_length`), or dropped when that cannot fit it; both are counted in the log.
+4. **Advantages.** GRPO: group-normalised sequence rewards. PPO: values from the critic, token rewards =
+   -kl_coef * KL(policy || reference) per model token plus the score on the last one, GAE(gamma, lambda) over the
+   model tokens (observations in between are skipped). The critic (``critic: separate``, the default, as veRL) is
+   its own model, initialised from the base model with a scalar value head, trained by its own optimizer at
+   ``critic_learning_rate``; none of its gradients reach the policy. ``critic: shared_head`` puts a value head on
+   the policy's backbone instead (one model less in memory; the value loss then also trains the policy).
 5. **Update.** ``ppo_epochs`` passes over ``mini_batches`` mini-batches (micro-batched for memory) of the clipped
-   surrogate (+ beta * KL for GRPO, + vf_coef * clipped value loss and - entropy_coef * entropy for PPO); the old
-   log-probs are the rollout policy's, the reference is the initial policy (a frozen copy, or the LoRA base with
-   its adapter disabled).
+   surrogate (+ beta * KL for GRPO, - entropy_coef * entropy for PPO) and, for PPO, the clipped value loss of the
+   critic (weighted by ``vf_coef`` only for the shared head); the old log-probs are the rollout policy's, the
+   reference is the initial policy (a frozen copy, or the LoRA base with its adapter disabled). During the first
+   ``critic_warmup_steps`` steps only the critic is updated (veRL's ``trainer.critic_warmup``).
 
 Every step appends one line to ``OUT/log.jsonl`` (reward and its components, KL, entropy, clip fraction, response
-length in model tokens, searches per question, seconds); every ``save_steps`` the policy, value head, optimizer
-and step go to ``OUT/checkpoint`` (written to a temporary directory first, then renamed), from which a killed run
-resumes. Each step's traces, with reward and components, go to ``OUT/rollouts/step-NNNNN`` (the rollout store
-format of :mod:`sleuth.train.rollouts`). At the end: ``OUT/model`` (LoRA merged) and ``OUT/curves.png``.
+length in model tokens, searches per question, episodes cut to fit and dropped, seconds); every ``save_steps`` the
+policy, the critic, the optimizers and the step go to ``OUT/checkpoint`` (written to a temporary directory first,
+then renamed), from which a killed run resumes. Each step's traces, with reward and components, go to
+``OUT/rollouts/step-NNNNN`` (the rollout store format of :mod:`sleuth.train.rollouts`). At the end: ``OUT/model``
+(LoRA merged) and ``OUT/curves.png``.
 
 **Several processes** (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``: one per GPU, or
 gloo on CPU): data parallel. Each process holds the policy, samples the rollouts of its share of the step's questions
 (whole groups, so GRPO advantages stay local), and the gradients are summed across processes with every loss
 normalised by the *global* token (or sequence) count, so N processes make the same update as one process with the
-whole batch (tested). PPO's advantage whitening and every logged number use global statistics; process 0 writes the
-log, the rollout store (all processes' traces) and the checkpoints.
+whole batch (tested); a separate critic's gradients are summed the same way. PPO's advantage whitening and every
+logged number use global statistics; process 0 writes the log, the rollout store (all processes' traces) and the
+checkpoints.
 """
 
 from __future__ import annotations
@@ -162,14 +170,20 @@ class RLConfig:
     micro_batch: int = 4  # sequences per forward/backward (memory only: gradients are accumulated)
     learning_rate: float = 1e-6
     critic_learning_rate: float = 1e-5
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # linear warm-up of the actor's learning rate (lr * (step + 1) / warmup_steps)
+    # PPO's critic: "separate" (veRL: its own model from the base weights, own optimizer) or "shared_head" (a value
+    # head on the policy's backbone: less memory, but the value loss trains the policy too; a deviation)
+    critic: Literal["separate", "shared_head"] = "separate"
+    critic_lora: bool | None = None  # LoRA adapters on the separate critic; None: as `lora`
+    critic_warmup_steps: int = 0  # steps that update the critic only (veRL trainer.critic_warmup; s3's scripts: 0)
+    critic_lr_warmup_steps: int = 0  # linear warm-up of the critic's learning rate, as warmup_steps
     max_grad_norm: float = 1.0
     clip_eps: float = 0.2
     beta: float = 0.0  # KL-loss coefficient (GRPO)
     kl_coef: float = 0.0  # KL-in-reward coefficient (PPO)
     kl: str = "k3"  # estimator: k1 | k2 | k3 | arena | abs
     entropy_coef: float = 0.0
-    vf_coef: float = 0.5
+    vf_coef: float = 0.5  # weight of the value loss in the policy's loss: critic shared_head only
     value_clip: float = 0.5
     gamma: float = 1.0
     lam: float = 1.0
@@ -177,7 +191,10 @@ class RLConfig:
     loss_aggregation: str = "token-mean"
     temperature: float = 1.0
     top_p: float = 1.0
-    max_length: int = 4096  # tokens per episode (longer ones keep their end)
+    # tokens per training episode; a longer one has its observations (retrieved/given documents) cut, never the
+    # instruction or a model token, and is dropped if that is not enough (both logged). None: no limit, as the
+    # references (ARENA's trainer does not truncate prompts; s3's veRL keeps whole trajectories)
+    max_episode_tokens: int | None = None
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
@@ -201,6 +218,13 @@ class RLConfig:
             raise ValueError("GRPO needs group_size >= 2 (advantages are relative to the group)")
         if self.kl not in ("k1", "k2", "k3", "arena", "abs"):
             raise ValueError(f"kl={self.kl!r}; expected k1, k2, k3, arena or abs")
+        if self.critic not in ("separate", "shared_head"):
+            raise ValueError(f"critic={self.critic!r}; expected 'separate' or 'shared_head'")
+        for name in ("warmup_steps", "critic_warmup_steps", "critic_lr_warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.max_episode_tokens is not None and self.max_episode_tokens < 2:
+            raise ValueError("max_episode_tokens must be >= 2 (or null: no limit)")
         if self.rollout_server and not self.lora:
             raise ValueError(
                 "rollout_server needs lora: true (the server reloads the LoRA adapter each step; full weights have "
@@ -219,6 +243,8 @@ class Episode:
     searches: float = 0.0
     input_ids: list[int] | None = None
     mask: list[int] | None = None
+    cut_tokens: int = 0  # observation tokens cut to fit max_episode_tokens
+    skipped: str = ""  # why a conversation was not trained on ("too_long", "untokenizable")
 
 
 class Task:
@@ -244,7 +270,13 @@ class Task:
 
 
 class _Models:
-    """The policy (optionally LoRA-wrapped), its frozen reference, a value head for PPO, and the optimizer."""
+    """The policy (optionally LoRA-wrapped), its frozen reference, for PPO the critic, and their optimizers.
+
+    ``critic: separate``: ``self.critic`` is a plain module ``{"backbone", "head"}``: the base model's transformer
+    (no LM head; LoRA-wrapped when ``critic_lora``) and a linear value head on its last hidden state, optimised by
+    ``self.critic_optimizer``; it shares no parameter with the policy. ``critic: shared_head``: ``self.value_head``
+    on the policy's last hidden state, a second parameter group of the policy's optimizer. Value heads start at zero
+    (every first value is 0) and run in float32."""
 
     def __init__(self, config: RLConfig, path: Path, resume: Path | None, device: Any) -> None:
         import torch
@@ -261,33 +293,59 @@ class _Models:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         source = resume / "policy" if resume is not None and not config.lora else path
         self.policy = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(self.device)
+        hidden = self.policy.config.hidden_size
         self.reference = None
         if config.lora:
-            from peft import LoraConfig, PeftModel, get_peft_model
-
-            if resume is not None:
-                self.policy = PeftModel.from_pretrained(self.policy, resume / "policy", is_trainable=True)
-            else:
-                target = config.lora_target if config.lora_target == "all-linear" else config.lora_target.split(",")
-                lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=target)
-                self.policy = get_peft_model(self.policy, lora)
+            self.policy = _with_lora(self.policy, config, resume / "policy" if resume is not None else None)
         else:
             self.reference = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
             self.reference.requires_grad_(False)
         self.value_head = None
+        self.critic = None
+        self.critic_optimizer = None
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad], "lr": config.learning_rate}]
-        if config.algorithm == "ppo":
-            hidden = self.policy.config.hidden_size if not config.lora else self.policy.base_model.config.hidden_size
-            self.value_head = torch.nn.Linear(hidden, 1).to(self.device, dtype)
-            torch.nn.init.zeros_(self.value_head.weight)
-            torch.nn.init.zeros_(self.value_head.bias)
+        if config.algorithm == "ppo" and config.critic == "shared_head":
+            self.value_head = _value_head(hidden, self.device)
             if resume is not None:
                 self.value_head.load_state_dict(torch.load(resume / "value_head.pt", weights_only=True))
             groups.append({"params": list(self.value_head.parameters()), "lr": config.critic_learning_rate})
+        elif config.algorithm == "ppo":
+            self.critic = _critic(config, path, resume / "critic" if resume is not None else None, dtype, self.device)
+            params = [p for p in self.critic.parameters() if p.requires_grad]
+            self.critic_optimizer = torch.optim.AdamW(params, lr=config.critic_learning_rate, weight_decay=0.0)
+            if resume is not None:
+                state = torch.load(resume / "critic_optimizer.pt", weights_only=True)
+                self.critic_optimizer.load_state_dict(state)
         self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
         if resume is not None:
             self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", weights_only=True))
-        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.actor_lr = config.learning_rate
+        self.critic_lr = config.critic_learning_rate
+
+    def set_learning_rates(self, step: int, config: RLConfig) -> dict[str, float]:
+        """Linear warm-ups (``warmup_steps`` for the actor, ``critic_lr_warmup_steps`` for the critic), then
+        constant; returns the rates of this step."""
+
+        def warm(lr: float, steps: int) -> float:
+            return lr * min(1.0, (step + 1) / steps) if steps else lr
+
+        actor = warm(self.actor_lr, config.warmup_steps)
+        critic = warm(self.critic_lr, config.critic_lr_warmup_steps)
+        self.optimizer.param_groups[0]["lr"] = actor
+        if self.value_head is not None:
+            self.optimizer.param_groups[1]["lr"] = critic
+        if self.critic_optimizer is not None:
+            for group in self.critic_optimizer.param_groups:
+                group["lr"] = critic
+        out = {"lr": actor}
+        if config.algorithm == "ppo":
+            out["critic_lr"] = critic
+        return out
+
+    def train(self, mode: bool = True) -> None:
+        self.policy.train(mode)
+        if self.critic is not None:
+            self.critic.train(mode)
 
     def forward(self, ids: Any, attention: Any, reference: bool = False, values: bool = False) -> tuple[Any, Any]:
         """Logits (and values: one per position, the state before the next token) of a padded batch."""
@@ -296,11 +354,25 @@ class _Models:
                 return self.reference(input_ids=ids, attention_mask=attention).logits, None
             with self.policy.disable_adapter():
                 return self.policy(input_ids=ids, attention_mask=attention).logits, None
-        out = self.policy(input_ids=ids, attention_mask=attention, output_hidden_states=values)
+        shared = values and self.value_head is not None
+        out = self.policy(input_ids=ids, attention_mask=attention, output_hidden_states=shared)
         value = None
-        if values and self.value_head is not None:
-            value = self.value_head(out.hidden_states[-1]).squeeze(-1)
+        if shared:
+            value = self.value_head(out.hidden_states[-1].float()).squeeze(-1)
+        elif values and self.critic is not None:
+            value = self.values(ids, attention)
         return out.logits, value
+
+    def values(self, ids: Any, attention: Any) -> Any:
+        """The critic's value at every position (``critic: separate``; the shared head needs the policy's pass)."""
+        assert self.critic is not None
+        hidden = self.critic["backbone"](input_ids=ids, attention_mask=attention).last_hidden_state
+        return self.critic["head"](hidden.float()).squeeze(-1)
+
+    def critic_parameters(self) -> list[Any]:
+        if self.critic_optimizer is None:
+            return []
+        return [p for g in self.critic_optimizer.param_groups for p in g["params"]]
 
     def save_checkpoint(self, directory: Path, step: int, config: RLConfig) -> None:
         import torch
@@ -312,6 +384,10 @@ class _Models:
         torch.save(self.optimizer.state_dict(), partial / "optimizer.pt")
         if self.value_head is not None:
             torch.save(self.value_head.state_dict(), partial / "value_head.pt")
+        if self.critic is not None and self.critic_optimizer is not None:
+            self.critic["backbone"].save_pretrained(partial / "critic" / "backbone")
+            torch.save(self.critic["head"].state_dict(), partial / "critic" / "value_head.pt")
+            torch.save(self.critic_optimizer.state_dict(), partial / "critic_optimizer.pt")
         state = {"step": step, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state().tolist()}
         (partial / "state.json").write_text(json.dumps(state))
         old = directory.with_name(directory.name + ".old")
@@ -325,6 +401,48 @@ class _Models:
         model = self.policy.merge_and_unload() if config.lora else self.policy
         model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+
+def _with_lora(model: Any, config: RLConfig, saved: Path | None) -> Any:
+    """``model`` with trainable LoRA adapters: new ones, or those saved in ``saved`` (a resumed run)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if saved is not None:
+        return PeftModel.from_pretrained(model, saved, is_trainable=True)
+    target = config.lora_target if config.lora_target == "all-linear" else config.lora_target.split(",")
+    return get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=target))
+
+
+def _value_head(hidden: int, device: Any) -> Any:
+    import torch
+
+    head = torch.nn.Linear(hidden, 1).to(device, torch.float32)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    return head
+
+
+def _critic(config: RLConfig, path: Path, saved: Path | None, dtype: Any, device: Any) -> Any:
+    """The separate critic: the base model's transformer (``AutoModel``: no LM head) and a value head; from
+    ``saved`` (``OUT/checkpoint/critic``) when resuming."""
+    import torch
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    lora = config.lora if config.critic_lora is None else config.critic_lora
+    source = saved / "backbone" if saved is not None and not lora else path
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the causal LM's head is left out on purpose: no "unexpected key" report
+    try:
+        backbone = AutoModel.from_pretrained(source, dtype=dtype).to(device)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    head = _value_head(backbone.config.hidden_size, device)
+    if lora:
+        backbone = _with_lora(backbone, config, saved / "backbone" if saved is not None else None)
+    if saved is not None:
+        head.load_state_dict(torch.load(saved / "value_head.pt", weights_only=True))
+    return torch.nn.ModuleDict({"backbone": backbone, "head": head})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -427,23 +545,35 @@ def _pad_rows(rows: Sequence[dict[str, Any]], key: str, width: int, device: Any)
 
 
 def _update(
-    models: _Models, episodes: list[Episode], stats: list[dict[str, Any]], config: RLConfig, dist: DataParallel
+    models: _Models,
+    episodes: list[Episode],
+    stats: list[dict[str, Any]],
+    config: RLConfig,
+    dist: DataParallel,
+    actor: bool = True,
 ) -> dict:
-    """``ppo_epochs`` x ``mini_batches`` optimizer steps; returns mean loss terms.
+    """``ppo_epochs`` x ``mini_batches`` optimizer steps; returns mean loss terms. ``actor=False`` (the critic's
+    warm-up): only the critic learns; the policy's weights and optimizer state stay as they are.
 
     Every process splits its episodes into exactly ``mini_batches`` parts, so all take the same optimizer steps; a
     micro-batch's loss is weighted by its share of the global mini-batch (tokens, or sequences for the ``seq-*``
     aggregations), which makes the summed gradient that of the whole mini-batch. A mini-batch empty on every
-    process is skipped (AdamW would move the weights on a zero gradient)."""
+    process is skipped (AdamW would move the weights on a zero gradient). A separate critic's value loss goes
+    through its own backward path (no parameter in common) and its gradients are summed and clipped on their own."""
     import torch
 
     from sleuth.train import rl
 
+    ppo = config.algorithm == "ppo"
+    separate = models.critic is not None
     logged: Counter[str] = Counter()
     grad_norms: list[float] = []
+    critic_norms: list[float] = []
     count = 0
     order = list(range(len(episodes)))
     params = [p for g in models.optimizer.param_groups for p in g["params"]]
+    policy_params = list(models.optimizer.param_groups[0]["params"])
+    critic_params = models.critic_parameters()
     for _ in range(config.ppo_epochs):
         random.shuffle(order)
         for m in range(config.mini_batches):
@@ -453,68 +583,89 @@ def _update(
                 continue
             tokens = tokens or 1.0
             models.optimizer.zero_grad(set_to_none=True)
+            if models.critic_optimizer is not None:
+                models.critic_optimizer.zero_grad(set_to_none=True)
             for micro in _chunks(mini, config.micro_batch):
                 chunk = [episodes[i] for i in micro]
                 rows = [stats[i] for i in micro]
                 ids, attention, _ = _pad(chunk, models.tokenizer.pad_token_id, models.device)
                 width = ids.shape[1] - 1
                 mask = _pad_rows(rows, "mask", width, models.device)
-                old = _pad_rows(rows, "old", width, models.device)
-                ref = _pad_rows(rows, "ref", width, models.device)
-                adv = _pad_rows(rows, "adv", width, models.device)
-                logits, values = models.forward(ids, attention, values=config.algorithm == "ppo")
-                logits = logits[:, :-1].float()
-                logp = rl.token_logprobs(logits, ids[:, 1:])
+                token_share = float(mask.sum()) / tokens
                 # each micro-batch's loss is a mean over its tokens (or sequences): weight it by its share
-                share = (
-                    len(micro) / sequences if config.loss_aggregation.startswith("seq") else float(mask.sum()) / tokens
-                )
-                if config.algorithm == "grpo":
-                    loss, terms = rl.grpo_loss(
-                        logp,
-                        old,
-                        ref,
-                        adv,
-                        mask,
-                        clip_eps=config.clip_eps,
-                        beta=config.beta,
-                        kl=config.kl,  # type: ignore[arg-type]
-                        aggregation=config.loss_aggregation,  # type: ignore[arg-type]
+                share = len(micro) / sequences if config.loss_aggregation.startswith("seq") else token_share
+                loss = torch.zeros((), device=models.device)
+                values = None
+                if actor or not separate:
+                    logits, values = models.forward(ids, attention, values=ppo and not separate)
+                if separate:
+                    values = models.values(ids, attention)
+                if actor:
+                    logits = logits[:, :-1].float()
+                    logp = rl.token_logprobs(logits, ids[:, 1:])
+                    old = _pad_rows(rows, "old", width, models.device)
+                    adv = _pad_rows(rows, "adv", width, models.device)
+                    if config.algorithm == "grpo":
+                        ref = _pad_rows(rows, "ref", width, models.device)
+                        policy_loss, terms = rl.grpo_loss(
+                            logp,
+                            old,
+                            ref,
+                            adv,
+                            mask,
+                            clip_eps=config.clip_eps,
+                            beta=config.beta,
+                            kl=config.kl,  # type: ignore[arg-type]
+                            aggregation=config.loss_aggregation,  # type: ignore[arg-type]
+                        )
+                    else:
+                        policy_loss, terms = rl.ppo_policy_loss(
+                            logp, old, adv, mask, clip_eps=config.clip_eps, aggregation=config.loss_aggregation
+                        )
+                    entropy = rl.masked_mean(
+                        rl.entropy_from_logits(logits if config.entropy_coef else logits.detach()), mask
                     )
-                else:
-                    loss, terms = rl.ppo_policy_loss(
-                        logp, old, adv, mask, clip_eps=config.clip_eps, aggregation=config.loss_aggregation
-                    )
+                    if config.entropy_coef:
+                        policy_loss = policy_loss - config.entropy_coef * entropy
+                    loss = loss + policy_loss * share
+                    logged["loss"] += float(policy_loss.detach()) * share
+                    logged["entropy"] += float(entropy.detach()) * share
+                    for k, v in terms.items():
+                        logged[k] += float(v) * share
+                if ppo:
                     returns = _pad_rows(rows, "returns", width, models.device)
                     old_values = _pad_rows(rows, "values", width, models.device)
                     v_loss, v_terms = rl.value_loss(
                         values[:, :width].float(), old_values, returns, mask, clip_eps=config.value_clip
                     )
-                    loss = loss + config.vf_coef * v_loss
-                    terms = {
-                        **terms,
-                        **{f"value_{k}": v for k, v in v_terms.items()},
-                        "value_loss": float(v_loss.detach()),
-                    }
-                entropy = rl.masked_mean(
-                    rl.entropy_from_logits(logits if config.entropy_coef else logits.detach()), mask
-                )
-                if config.entropy_coef:
-                    loss = loss - config.entropy_coef * entropy
-                (loss * share).backward()
-                logged["loss"] += float(loss.detach()) * share
-                logged["entropy"] += float(entropy.detach()) * share
-                for k, v in terms.items():
-                    logged[k] += float(v) * share
-            dist.sum_gradients(params)
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))
-            models.optimizer.step()
+                    loss = loss + (1.0 if separate else config.vf_coef) * v_loss * token_share
+                    logged["value_loss"] += float(v_loss.detach()) * token_share
+                    for k, v in v_terms.items():
+                        logged[f"value_{k}"] += float(v) * token_share
+                loss.backward()
+            if actor:
+                dist.sum_gradients(params)
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))
+                models.optimizer.step()
+            elif not separate:  # shared head in the critic's warm-up: the value loss may move only the head
+                for p in policy_params:
+                    p.grad = None
+                head = [p for p in params if all(p is not q for q in policy_params)]
+                dist.sum_gradients(head)
+                critic_norms.append(float(torch.nn.utils.clip_grad_norm_(head, config.max_grad_norm)))
+                models.optimizer.step()
+            if models.critic_optimizer is not None:
+                dist.sum_gradients(critic_params)
+                critic_norms.append(float(torch.nn.utils.clip_grad_norm_(critic_params, config.max_grad_norm)))
+                models.critic_optimizer.step()
             count += 1
     # each process's terms are weighted by its share of the global mini-batch: their sum is the global mean
     keys = sorted(set().union(*dist.gather(sorted(logged))))
     out = dict(zip(keys, (v / max(count, 1) for v in dist.sum([logged[k] for k in keys])), strict=True))
     if grad_norms:  # the same on every process (computed after the gradients are summed)
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if critic_norms:
+        out["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
     return out
 
 
@@ -551,6 +702,28 @@ def _rollouts(
     return run(task.method, copies, task.context(llm, agent), concurrency=config.concurrency, progress=False)
 
 
+def _tokenize(episode: Episode, tokenizer: Any, max_tokens: int | None) -> bool:
+    """Fill ``episode.input_ids`` / ``mask`` (within ``max_tokens``, observations cut to fit); False, with the reason
+    in ``episode.skipped``, when it has nothing to train on. Never raises on what a model wrote."""
+    from sleuth.train.tokens import TokenizationError, fit_to_length, tokenize_chat
+
+    if episode.messages is None:
+        return False
+    try:
+        chat = tokenize_chat(tokenizer, episode.messages)
+    except TokenizationError:
+        episode.skipped = "untokenizable"
+        return False
+    fitted = fit_to_length(chat, max_tokens)
+    if fitted is None:
+        episode.skipped = "too_long"
+        return False
+    if not fitted.model_tokens:
+        return False
+    episode.input_ids, episode.mask, episode.cut_tokens = fitted.input_ids, fitted.model_mask, fitted.cut_tokens
+    return True
+
+
 def _store_rollouts(path: Path, task: Task, traces: list[Trace], episodes: list[Episode], step: int) -> None:
     """The step's traces in the shared rollout store format, with reward and components in ``extra``. A step redone
     after a resume replaces its directory, so the store always holds what the policy was trained on."""
@@ -566,8 +739,12 @@ def _store_rollouts(path: Path, task: Task, traces: list[Trace], episodes: list[
             "step": step,
             "reward": episode.reward,
             "components": episode.components,
-            "trained": bool(episode.messages),
+            "trained": episode.input_ids is not None,
         }
+        if episode.cut_tokens:
+            extra["cut_tokens"] = episode.cut_tokens
+        if episode.skipped:
+            extra["skipped"] = episode.skipped
         group, sample = str(rl_meta.get("group", trace.example.id)), int(rl_meta.get("sample", 0))
         rows.append(Rollout(f"{group}#{sample}", group, sample, trace, extra))
     store.append(rows)
@@ -608,7 +785,6 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
 
     from sleuth.llm.hf import HFLLM
     from sleuth.train.mdpo import _resolve_model
-    from sleuth.train.tokens import tokenize_chat
 
     config.validate()
     if not examples:
@@ -636,12 +812,17 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
 
         served = ServedPolicy(config.rollout_server, Path(config.rollout_adapter_dir or out / "served"), dist)
     agent = task.agent_config(config)
+    if resume is not None:  # continue the random streams where the checkpoint left them (mini-batch order)
+        saved = json.loads((checkpoint / "state.json").read_text())
+        if "python_rng" in saved:
+            version, internal, gauss = saved["python_rng"]
+            random.setstate((version, tuple(internal), gauss))
+            torch.set_rng_state(torch.tensor(saved["torch_rng"], dtype=torch.uint8))
     started_all = time.perf_counter()
     for step in range(start, config.steps):
         t0 = time.perf_counter()
-        if config.warmup_steps:
-            for group, lr in zip(models.optimizer.param_groups, models.base_lrs, strict=True):
-                group["lr"] = lr * min(1.0, (step + 1) / config.warmup_steps)
+        rates = models.set_learning_rates(step, config)
+        actor = not (config.algorithm == "ppo" and step < config.critic_warmup_steps)
         models.policy.eval()
         batch = _batch(examples, step, config.prompts_per_step, config.seed)[dist.rank :: dist.world]
         if served is not None:
@@ -649,21 +830,21 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         traces = _rollouts(task, llm, agent, batch, config, step, dist.rank)
         t_rollout = time.perf_counter() - t0
         episodes = task.episodes(traces)
-        usable = []
-        for e in episodes:
-            if e.messages is None:
-                continue
-            chat = tokenize_chat(models.tokenizer, e.messages, max_length=config.max_length)
-            if chat.model_tokens:
-                e.input_ids, e.mask = chat.input_ids, chat.model_mask
-                usable.append(e)
+        usable = [e for e in episodes if _tokenize(e, models.tokenizer, config.max_episode_tokens)]
         # the step's traces go to process 0 for the store; the log's numbers (small) to every process
         parts = dist.gather_to_main((traces, episodes))
         if parts is not None:
             all_traces, all_episodes = [t for p in parts for t in p[0]], [e for p in parts for e in p[1]]
             _store_rollouts(out / "rollouts" / f"step-{step:05d}", task, all_traces, all_episodes, step)
         rows = [
-            (e.reward, e.components, e.searches, sum(e.mask) if e.input_ids is not None and e.mask else None)
+            (
+                e.reward,
+                e.components,
+                e.searches,
+                sum(e.mask) if e.input_ids is not None and e.mask else None,
+                e.cut_tokens,
+                e.skipped,
+            )
             for e in episodes
         ]
         rows = [row for part in dist.gather(rows) for row in part]
@@ -673,14 +854,20 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
             values = [r[1][key] for r in rows if key in r[1]]
             entry[f"reward/{key}"] = sum(values) / len(values)
         trained = [r[3] for r in rows if r[3] is not None]
-        entry["failed"] = len(rows) - len(trained)
+        entry["too_long"] = sum(r[5] == "too_long" for r in rows)
+        entry["failed"] = len(rows) - len(trained) - entry["too_long"]
+        entry["truncated"] = sum(1 for r in rows if r[4])  # episodes whose observations were cut to fit
+        entry["truncated_tokens"] = sum(r[4] for r in rows)
         entry["searches"] = sum(r[2] for r in rows) / max(len(rows), 1)
         entry["response_tokens"] = sum(trained) / max(len(trained), 1)
+        entry.update(rates)
+        if config.algorithm == "ppo":
+            entry["actor_updated"] = actor
         if trained:  # the same decision on every process (from the gathered numbers)
-            models.policy.train()
+            models.train()
             stats = _rollout_stats(models, usable, config)
             entry.update(_advantages(usable, stats, config, dist))
-            entry.update(_update(models, usable, stats, config, dist))
+            entry.update(_update(models, usable, stats, config, dist, actor=actor))
         entry["seconds"] = round(time.perf_counter() - t0, 2)
         entry["rollout_seconds"] = round(max(dist.gather(t_rollout)), 2)
         log.append(entry)
@@ -690,19 +877,25 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
                 f.flush()
                 os.fsync(f.fileno())
         if config.progress and dist.main:
+            cut = ""
+            if entry["truncated"] or entry["too_long"]:
+                cut = (
+                    f" cut {entry['truncated']} episodes ({entry['truncated_tokens']} observation tokens), "
+                    f"{entry['too_long']} too long"
+                )
             print(
                 f"[{log_name}] step {step + 1}/{config.steps} reward {entry['reward']:.3f} "
-                f"kl {entry.get('kl', 0):.4f} tokens {entry['response_tokens']:.0f} {entry['seconds']:.0f}s",
+                f"kl {entry.get('kl', 0):.4f} tokens {entry['response_tokens']:.0f}{cut} {entry['seconds']:.0f}s",
                 flush=True,
             )
         if (step + 1) % config.save_steps == 0 or step + 1 == config.steps:
             if dist.main:  # the processes' weights are identical: one copy
                 models.save_checkpoint(checkpoint, step + 1, config)
             dist.barrier()
-    models.policy.eval()
+    models.train(False)
     final = out / "model"
     if dist.main:
-        if not (final / "config.json").exists():
+        if start < config.steps or not (final / "config.json").exists():  # a run extended to more steps re-saves
             models.save_final(final, config)
         _plot(log, out / "curves.png")
     summary = {
@@ -711,6 +904,9 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         "first": log[0] if log else None,
         "last": log[-1] if log else None,
         "seconds": time.perf_counter() - started_all,
+        "truncated": sum(r.get("truncated", 0) for r in log),
+        "truncated_tokens": sum(r.get("truncated_tokens", 0) for r in log),
+        "too_long": sum(r.get("too_long", 0) for r in log),
     }
     if dist.main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -13,11 +13,14 @@ the frozen generator answering from the documents it kept; the reward is
 ``GBR = Acc(G(Q, D_s3), A) - Acc(G(Q, D_RAG), A)`` (``reward: code`` adds the official code's ``+ Acc``), with Acc
 the normalised span match (``metric: judge`` and a ``judge`` spec switch to the LLM judge). The searcher's whole
 trajectory is one assistant message in which retrieved ``<information>`` blocks are inserted: they are masked out
-of the policy loss, the KL and the value loss. Algorithms: **PPO** (the paper's: a value head on the searcher's
-backbone, GAE with gamma = lambda = 1, KL to the initial searcher in the reward with coefficient 0.001, clip 0.2,
-value clip 0.5, entropy 0.001, actor lr 1e-6, critic lr 1e-5, 120 questions per step in 4 mini-batches) or
-**GRPO** (``algorithm: grpo``, ``group_size`` rollouts per question, group-normalised GBR). The loop, its log,
-checkpoints and resume: :mod:`sleuth.train.online_rl`.
+of the policy loss, the KL and the value loss (the initial documents in the prompt are marked as observations too,
+so an episode over ``max_episode_tokens`` loses document text, never the instruction). Algorithms: **PPO** (the
+paper's, with the reference's veRL settings: a separate critic initialised from the base model, critic lr 1e-5 with
+a 15-step linear warm-up, actor lr 1e-6 constant, no critic-only warm-up steps, GAE with gamma = lambda = 1, KL to
+the initial searcher in the reward with coefficient 0.001, clip 0.2, value clip 0.5, entropy 0.001, 120 questions
+per step in 4 mini-batches; ``critic: shared_head`` is the memory-saving deviation) or **GRPO**
+(``algorithm: grpo``, ``group_size`` rollouts per question, group-normalised GBR). The loop, its log, checkpoints
+and resume: :mod:`sleuth.train.online_rl`.
 
 >>> summary = train_s3(load_config(S3RLConfig, "configs/s3_ppo.yaml"))  # doctest: +SKIP
 """
@@ -33,13 +36,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sleuth.agents import Context
-from sleuth.agents.base import parse_options
+from sleuth.agents.base import escape_observation, parse_options
 from sleuth.agents.s3 import S3Config
 from sleuth.llm import LLM
 from sleuth.records import Example, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
+from sleuth.train.tokens import observation_segments
 
 __all__ = ["S3RLConfig", "S3Task", "main", "prepare_s3_data", "train_s3", "trajectory_messages"]
 
@@ -56,13 +60,15 @@ class S3RLConfig(RLConfig):
     mini_batches: int = 4  # ppo_mini_batch_size 30 of 120
     learning_rate: float = 1e-6
     critic_learning_rate: float = 1e-5
+    # veRL's critic lr_warmup_steps_ratio 0.01 x the script's total_training_steps 1500 (veRL starts that ramp at 0,
+    # sleuth at lr / 15); trainer.critic_warmup = 0 in s3's scripts: the actor learns from the first step
+    critic_lr_warmup_steps: int = 15
     kl_coef: float = 0.001
     kl: str = "k1"
     entropy_coef: float = 0.001
     value_clip: float = 0.5
     temperature: float = 0.6
     top_p: float = 0.95
-    max_length: int = 8000
     seed: int = 42
     # data: a synthetic world (data_dir, generated from `synth` when missing) or explicit files
     data_dir: str = ""
@@ -86,13 +92,19 @@ class S3RLConfig(RLConfig):
 
 
 def trajectory_messages(trace: Trace) -> list[dict[str, Any]] | None:
-    """The searcher's conversation: the prompt, then ONE assistant message made of model segments and inserted
-    observations (``trace.meta["transcript"]``). None when the searcher never wrote anything."""
+    """The searcher's conversation: the prompt (its initial documents' texts marked as observations), then ONE
+    assistant message made of model segments and inserted observations (``trace.meta["transcript"]``). None when
+    the searcher never wrote anything."""
     prompt = trace.meta.get("searcher_prompt")
     segments = [s for s in trace.meta.get("transcript") or [] if s.get("text")]
     if not prompt or not any(s["source"] == "model" for s in segments):
         return None
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "segments": segments}]
+    user: dict[str, Any] = {"role": "user", "content": prompt}
+    documents = [escape_observation(str(p.get("text") or "")) for p in trace.meta.get("naive_rag_passages") or []]
+    marked = observation_segments(prompt, documents)  # the initial documents: cut before the instruction
+    if marked is not None:
+        user["segments"] = marked
+    return [user, {"role": "assistant", "segments": segments}]
 
 
 class S3Task(Task):
