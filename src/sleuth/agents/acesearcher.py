@@ -25,13 +25,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sleuth.agents.base import Context, escape_observation, format_passages, load_prompt, register_agent
+from sleuth.agents.base import (
+    Context,
+    escape_observation,
+    format_passages,
+    load_prompt,
+    neutralize_special_tokens,
+    register_agent,
+)
 from sleuth.eval.metrics import claim_label
 from sleuth.llm import Sampling
+from sleuth.llm.base import COMMON_SPECIAL_TOKENS
 from sleuth.records import Example, Passage, Step, Trace
 
 __all__ = [
@@ -45,6 +53,7 @@ __all__ = [
     "dependency_waves",
     "extract_answer",
     "final_prompt",
+    "inert_text",
     "is_fact",
     "parse_decomposition",
     "passage_budget",
@@ -60,6 +69,8 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------------
 # Config
 # ---------------------------------------------------------------------------------------------------------------
+
+Inert = Callable[[str], str]  # text from outside made safe for a prompt (Context.inert)
 
 # Example.metadata key: a decomposition text the agent uses instead of calling the decomposer (see `decompose`).
 GIVEN_DECOMPOSITION = "acesearcher_decomposition"
@@ -170,25 +181,34 @@ _NUMBERED = re.compile(r"^(\d+)\s*[.)]\s+(.*)$")
 _ECHO = re.compile(r"^decomposed (question|claim)s?\s*:?$", re.IGNORECASE)  # the prompt's last line, echoed
 
 
+# Sub-question numbers and #k references are small; a longer digit run would meet Python's int-string limit.
+_MAX_DIGITS = 9
+_HUGE = 10**_MAX_DIGITS  # what an over-long #k reads as: never a sub-question's number
+
+
+def _number(digits: str) -> int:
+    return int(digits) if len(digits) <= _MAX_DIGITS else _HUGE
+
+
 def _references(text: str) -> list[int]:
-    return [int(m) for m in _REF.findall(text)]
+    return [_number(m) for m in _REF.findall(text)]
 
 
 def _classify(line: str) -> tuple[str, int | None, str, bool] | None:
     """(family, label, text, canonical) of one output line, or None when it is not a sub-question line."""
     line = line.strip().replace("**", "").strip()
     if m := _CANONICAL.match(line):
-        return "hash", int(m.group(1)), m.group(2).strip(), True
+        return "hash", _number(m.group(1)), m.group(2).strip(), len(m.group(1)) <= _MAX_DIGITS
     if m := _HASH_LABELLED.match(line):
-        return "hash", int(m.group(1)), m.group(2).strip(), False
+        return "hash", _number(m.group(1)), m.group(2).strip(), False
     if m := _HASH_NUMBERED.match(line):
-        return "hash", int(m.group(1)), m.group(2).strip(), False
+        return "hash", _number(m.group(1)), m.group(2).strip(), False
     if m := _HASH_PLAIN.match(line):
         return "hash", None, m.group(1).strip(), False
     if m := _LABELLED.match(line):
-        return "q", int(m.group(1)), m.group(2).strip(), False
+        return "q", _number(m.group(1)), m.group(2).strip(), False
     if m := _NUMBERED.match(line):
-        return "numbered", int(m.group(1)), m.group(2).strip(), False
+        return "numbered", _number(m.group(1)), m.group(2).strip(), False
     return None
 
 
@@ -223,7 +243,7 @@ def parse_decomposition(text: str, max_subquestions: int = 6) -> tuple[list[SubQ
     if not sequential and None not in labels:
         if len(set(labels)) == len(labels):
             position = {label: i for i, label in enumerate(labels, 1)}
-            texts = [_REF.sub(lambda m: f"#{position.get(int(m.group(1)), m.group(1))}", t) for t in texts]
+            texts = [_REF.sub(lambda m: f"#{position.get(_number(m.group(1)), m.group(1))}", t) for t in texts]
             fallbacks.append("renumbered")
         else:  # repeated labels: #k can only mean the k-th line
             fallbacks.append("duplicate_labels")
@@ -243,7 +263,7 @@ def resolve_references(text: str, answers: dict[int, str]) -> str:
     >>> resolve_references("Is #1 older than #10? (#3)", {1: "Ann", 10: "Bob"})
     'Is Ann older than Bob? (#3)'
     """
-    return _REF.sub(lambda m: answers.get(int(m.group(1))) or m.group(0), text)
+    return _REF.sub(lambda m: answers.get(_number(m.group(1))) or m.group(0), text)
 
 
 def clean_subanswer(text: str, fact: bool) -> tuple[str, str | None]:
@@ -268,14 +288,20 @@ def clean_subanswer(text: str, fact: bool) -> tuple[str, str | None]:
 
 
 def extract_answer(text: str) -> tuple[str, str | None]:
-    """The final answer in ``text`` and the fallback taken (None when ``<answer>...</answer>`` was present).
+    """The final answer in ``text`` and the fallback taken (None when the reference code reads an answer).
 
-    The content of the last closed ``<answer>`` pair; else everything after an unclosed last ``<answer>``
-    (``"unclosed_answer_tag"``); else the text after a last "answer is" (``"answer_is"``); else the last non-empty
-    line (``"last_line"``, or ``"whole_text"`` for a one-line reply); ``("", "empty_output")`` for no text.
+    The reference rule (``extract_answer`` of the released code, research/acesearcher.md §1.2 step 5): when the text
+    holds both ``<answer>`` and ``</answer>`` anywhere, the text after the LAST ``<answer>`` up to the next
+    ``</answer>`` (or to the end when none follows), stripped: so ``<answer>A</answer> then <answer>B`` gives ``B``
+    with no fallback. Otherwise, leniently: everything after an unclosed last ``<answer>``
+    (``"unclosed_answer_tag"``; the reference reads ``""``); else the text after a last "answer is"
+    (``"answer_is"``); else the last non-empty line (``"last_line"``, or ``"whole_text"`` for a one-line reply);
+    ``("", "empty_output")`` for no text, ``"empty_answer_tag"`` for an empty tagged answer.
 
     >>> extract_answer("Jaws came out in 1975. <answer>Steven Spielberg</answer>")
     ('Steven Spielberg', None)
+    >>> extract_answer("<answer>A</answer> on second thought <answer>B")
+    ('B', None)
     >>> extract_answer("Reasoning...\\nSo the answer is Paris.")
     ('Paris', 'answer_is')
     """
@@ -283,14 +309,15 @@ def extract_answer(text: str) -> tuple[str, str | None]:
     if not text:
         return "", "empty_output"
     opened = text.rfind("<answer>")
-    closed = text.rfind("</answer>")
-    if opened >= 0 and closed > opened:
-        answer = text[opened + len("<answer>") : closed].strip()
-        return answer, None if answer else "empty_answer_tag"
     if opened >= 0:
-        answer = text[opened + len("<answer>") :].strip()
+        after = text[opened + len("<answer>") :]
+        end = after.find("</answer>")
+        if end >= 0:
+            answer = after[:end].strip()
+            return answer, None if answer else "empty_answer_tag"
+        answer = after.strip()
         if answer:
-            return answer, "unclosed_answer_tag"
+            return answer, None if "</answer>" in text[:opened] else "unclosed_answer_tag"
     text = text.replace("<answer>", " ").replace("</answer>", " ").strip()
     if m := list(re.finditer(r"answer is:?\s*(.+)", text, re.IGNORECASE)):
         answer = m[-1].group(1).strip().splitlines()[0].strip().rstrip(".").strip()
@@ -344,12 +371,18 @@ def pool_passages(per_subquestion: list[list[Passage]], budget: int) -> list[Pas
     return pool
 
 
-def passages_text(passages: list[Passage], style: str = "title_text") -> str:
-    """Passages as the agent's prompts show them: ``format_passages`` with every tag look-alike escaped, so
-    retrieved text never carries a tag the final prompt asks the model to write (``<answer>``)."""
-    safe = [
-        dataclasses.replace(p, title=escape_observation(p.title), text=escape_observation(p.text)) for p in passages
-    ]
+def inert_text(text: str) -> str:
+    """What :meth:`Context.inert` does outside a run (the SFT data builders): tag look-alikes escaped and the common
+    chat-template special tokens broken (:data:`~sleuth.llm.base.COMMON_SPECIAL_TOKENS`)."""
+    return neutralize_special_tokens(escape_observation(text), COMMON_SPECIAL_TOKENS)
+
+
+def passages_text(passages: list[Passage], style: str = "title_text", inert: Inert = inert_text) -> str:
+    """Passages as the agent's prompts show them: ``format_passages`` over titles and texts made inert (the agent
+    passes :meth:`Context.inert`): every tag look-alike escaped, so retrieved text never carries a tag the final
+    prompt asks the model to write (``<answer>``), and every special token of the run's models broken, so a passage
+    cannot open or close a chat turn."""
+    safe = [dataclasses.replace(p, title=inert(p.title), text=inert(p.text)) for p in passages]
     return format_passages(safe, style)
 
 
@@ -372,12 +405,15 @@ def subanswer_prompt(
     prompts: str = "paper",
     passage_style: str = "title_text",
     passage_order: str = "rank",
+    inert: Inert = inert_text,
 ) -> str:
     """The sub-question (or sub-claim) answering prompt over ``passages`` given in retriever order
-    (``passage_order="zigzag"`` reorders them as the released code does), as sent."""
+    (``passage_order="zigzag"`` reorders them as the released code does), as sent. ``inert`` makes the passages
+    and the resolved sub-question (which holds earlier answers, i.e. model text) safe for the prompt."""
     ordered = zigzag(passages) if passage_order == "zigzag" else passages
     template = _prompt("subanswer", fact, prompts)
-    return template.format(passages=passages_text(ordered, passage_style), subquestion=subquestion).strip()
+    shown = passages_text(ordered, passage_style, inert)
+    return template.format(passages=shown, subquestion=inert(subquestion)).strip()
 
 
 def final_prompt(
@@ -387,18 +423,19 @@ def final_prompt(
     fact: bool,
     prompts: str = "paper",
     passage_style: str = "title_text",
+    inert: Inert = inert_text,
 ) -> str:
     """The final-answer prompt, as sent. ``items``: ``(index, resolved sub-question, answer)`` per sub-question;
     ``pool``: the passage pool (unused for fact verification, whose prompt has no passages: Fig. 17,
-    ``main_qa.py``)."""
+    ``main_qa.py``). ``inert`` makes the passages, sub-questions and sub-answers safe for the prompt."""
     item = load_prompt(f"acesearcher_{'code_' if prompts == 'code' else ''}final_item")
     # The paper's figures lost their line breaks in conversion (entries read space-separated); the code uses "\n".
     separator = "\n" if prompts == "code" else " "
-    subanswers = separator.join(item.format(index=i, subquestion=q, answer=a) for i, q, a in items)
+    subanswers = separator.join(item.format(index=i, subquestion=inert(q), answer=inert(a)) for i, q, a in items)
     template = _prompt("final", fact, prompts)
     if fact:
         return template.format(subanswers=subanswers, question=question).strip()
-    passages = passages_text(pool, passage_style)
+    passages = passages_text(pool, passage_style, inert)
     return template.format(passages=passages, subanswers=subanswers, question=question).strip()
 
 
@@ -465,7 +502,9 @@ async def _solve(
     resolved = resolve_references(sub.text, answers)
     unresolved = [k for k in _references(sub.text) if not answers.get(k)]
     passages = await ctx.search(trace, resolved, config.k)
-    prompt = subanswer_prompt(resolved, passages, fact, config.prompts, config.passage_style, config.passage_order)
+    prompt = subanswer_prompt(
+        resolved, passages, fact, config.prompts, config.passage_style, config.passage_order, ctx.inert
+    )
     sampling = _budgeted(config.sampling, config.subanswer_max_new_tokens)
     step = await ctx.chat(trace, "subanswer", prompt, sampling)
     if config.subanswer_cleanup:
@@ -574,7 +613,7 @@ async def acesearcher(example: Example, ctx: Context, trace: Trace) -> Trace:
         pool = pool_passages([s.passages for s in solved], budget)
         trace.meta["passage_budget"] = budget
     items = [(s.sub.index, s.resolved, s.answer) for s in solved]
-    prompt = final_prompt(example.question, items, pool, fact, config.prompts, config.passage_style)
+    prompt = final_prompt(example.question, items, pool, fact, config.prompts, config.passage_style, ctx.inert)
     trace.meta["pool_ids"] = [p.id for p in pool]
 
     sampling = _budgeted(config.sampling, config.final_max_new_tokens)
