@@ -125,7 +125,7 @@ class HFLLM(LLM):
         return eos
 
     def special_tokens(self) -> tuple[str, ...]:
-        """Every string this tokenizer encodes as one special token (its declared specials and special added tokens)."""
+        """Every string this tokenizer encodes as one special token (declared specials and special added tokens)."""
         declared = set(getattr(self.tokenizer, "all_special_tokens", []) or [])
         for token in (getattr(self.tokenizer, "added_tokens_decoder", None) or {}).values():
             if getattr(token, "special", False):
