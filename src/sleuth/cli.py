@@ -393,6 +393,58 @@ def serve_retriever(
         _fail(str(exc))
 
 
+@serve_app.command("llm")
+def serve_llm(
+    model: Annotated[str, typer.Argument(help="Model directory or hub name; 'default' = the embedded SmolLM2.")] = (
+        "default"
+    ),
+    host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1 keeps it local).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one.")] = 0,
+    python: Annotated[
+        str | None, typer.Option(help="Interpreter with vLLM (default: $SLEUTH_VLLM_PYTHON, .venv-vllm, this one).")
+    ] = None,
+    tensor_parallel: Annotated[int, typer.Option(help="GPUs per model (vLLM --tensor-parallel-size).")] = 1,
+    max_model_len: Annotated[int | None, typer.Option(help="Context length (4096 on CPU if unset).")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(help="Share of GPU memory vLLM may use.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Weights dtype (float32 on CPU if unset).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Sequences run at once (vLLM default if unset).")] = None,
+    enable_lora: Annotated[bool, typer.Option(help="Allow LoRA adapters loaded at run time.")] = False,
+    max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank served.")] = 16,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Other vllm: spec option KEY=VALUE (device, args, generation_config, ...)."),
+    ] = None,
+) -> None:
+    """Run a vLLM server in the foreground for other runs to share; prints the vllm:/openai: specs that reach it."""
+    from sleuth.llm import LLMError
+    from sleuth.llm.vllm_server import serve_foreground, server_config
+
+    options = {
+        "host": host,
+        "port": str(port),
+        "tensor_parallel": str(tensor_parallel),
+        "max_lora_rank": str(max_lora_rank),
+        "enable_lora": "1" if enable_lora else "0",
+    }
+    given = {
+        "python": python,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "dtype": dtype,
+        "max_num_seqs": max_num_seqs,
+    }
+    options.update({key: str(value) for key, value in given.items() if value is not None})
+    for pair in option or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            _fail(f"--set {pair!r}: expected KEY=VALUE")
+        options[key.strip()] = value
+    try:
+        serve_foreground(server_config(model, options))
+    except LLMError as exc:
+        _fail(str(exc))
+
+
 @assets_app.command("fetch")
 def assets_fetch(
     only: Annotated[list[str] | None, typer.Option(help="Fetch only these assets (repeatable).")] = None,

@@ -195,9 +195,10 @@ def load_llm(spec: str | None = None) -> LLM:
     """Build a backend from a spec string.
 
     ``None`` or ``"default"`` is the embedded SmolLM2 model (fetched by ``sleuth assets fetch``);
-    ``hf:PATH_OR_NAME`` a local transformers model; ``openai:MODEL@BASE_URL`` any OpenAI-compatible server.
+    ``hf:PATH_OR_NAME`` a local transformers model; ``openai:MODEL@BASE_URL`` any OpenAI-compatible server;
+    ``vllm:PATH_OR_NAME`` a vLLM server that sleuth starts and stops (:mod:`sleuth.llm.vllm_server`).
     """
-    from sleuth.llm import hf, openai_compat  # noqa: F401 - imported for their registrations
+    from sleuth.llm import hf, openai_compat, vllm_server  # noqa: F401 - imported for their registrations
 
     if spec in (None, "", "default"):
         from sleuth.assets import default_model_dir

