@@ -31,11 +31,12 @@ import dataclasses
 import math
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sleuth.agents.acesearcher import SubQuestion, extract_answer, parse_decomposition
-from sleuth.agents.base import Context, format_passages, load_prompt, register_agent
+from sleuth.agents.acesearcher import SubQuestion, extract_answer, inert_text, parse_decomposition
+from sleuth.agents.base import Context, format_passages, load_prompt, neutralize_special_tokens, register_agent
 from sleuth.llm import Sampling
 from sleuth.records import Example, Passage, Step, Trace
 from sleuth.sandbox import ProgramResult, arun_program, extract_program
@@ -201,13 +202,21 @@ async def select_chunks(example: Example, ctx: Context, trace: Trace, config: Ac
     return picked
 
 
-def prompt_fields(example: Example, chunks: list[Passage], style: str) -> dict[str, str]:
-    """Every placeholder the doc prompts use: Fig. 11's separate {passages}/{tables}, and {passage} = all chunks."""
+def prompt_fields(
+    example: Example, chunks: list[Passage], style: str, inert: Callable[[str], str] = inert_text
+) -> dict[str, str]:
+    """Every placeholder the doc prompts use: Fig. 11's separate {passages}/{tables}, and {passage} = all chunks.
+
+    Chunk titles and texts are made inert (the agent passes :meth:`Context.inert`): tag look-alikes escaped and the
+    run's special tokens broken, so a chunk cannot open a chat turn. Tables and numbers are unchanged by it (``|``
+    rows, ``<0.1`` and ``a < b`` are not tag-shaped; no table or paragraph of the TAT-QA dev set changes)."""
+    shown = [dataclasses.replace(p, title=inert(p.title), text=inert(p.text)) for p in chunks]
+    tables = [is_table(p) for p in chunks]
     return {
         "question": example.question,
-        "passage": format_passages(chunks, style),
-        "passages": format_passages([p for p in chunks if not is_table(p)], style),
-        "tables": format_passages([p for p in chunks if is_table(p)], style),
+        "passage": format_passages(shown, style),
+        "passages": format_passages([p for p, t in zip(shown, tables, strict=True) if not t], style),
+        "tables": format_passages([p for p, t in zip(shown, tables, strict=True) if t], style),
     }
 
 
@@ -217,7 +226,8 @@ def prompt_fields(example: Example, chunks: list[Passage], style: str) -> dict[s
 
 
 def format_value(value: Any) -> str:
-    """The answer string of a program's ``ans``: numbers without float noise, lists joined with ", ".
+    """The answer string of a program's ``ans``: numbers without float noise, lists joined with ", ". Raises
+    ValueError for an int past Python's 4,300-digit str limit (the agent records it as a fallback).
 
     >>> format_value(3.0), format_value(0.1 + 0.2), format_value([1, 2.5]), format_value(None), format_value(True)
     ('3', '0.3', '1, 2.5', '', 'True')
@@ -314,6 +324,8 @@ async def decompose_document(
             fallback = _join(fallback, "question_as_subquestion")
     else:
         breakdown = raw  # the paper and the code paste the decomposition output verbatim
+    # model text (which may copy a chunk) goes into the next prompt: no chat-control token may survive in it
+    breakdown = neutralize_special_tokens(breakdown, ctx.special_tokens())
     step.parsed = [dataclasses.asdict(s) for s in subs]
     step.fallback = fallback
     step.meta["breakdown"] = breakdown
@@ -322,17 +334,78 @@ async def decompose_document(
     return breakdown
 
 
+# An echo shorter than this is no echo: a reply may start with the prompt's first words by chance.
+_MIN_ECHO = 40
+
+
+def _echo_end(reply: str, prompt: str) -> int:
+    """Where the model's own text starts in ``reply`` when it begins by echoing ``prompt``: after the last
+    occurrence of the whole prompt, else after a common prefix of at least ``_MIN_ECHO`` characters (leading
+    whitespace ignored); 0 when there is no echo."""
+    prompt = prompt.strip()
+    end = 0
+    while prompt and (at := reply.find(prompt, end)) >= 0:  # forward find is linear; rfind can be quadratic
+        end = at + len(prompt)
+    if end:
+        return end
+    start = len(reply) - len(reply.lstrip())
+    shared = 0
+    for a, b in zip(reply[start : start + len(prompt)], prompt, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return start + shared if shared >= min(_MIN_ECHO, len(prompt)) and shared else 0
+
+
+def authored_program(reply: str, prompt: str, documents: Iterable[str]) -> tuple[str, str | None]:
+    """The program to run from a model reply, taken only from text the model authored, and the fallback taken.
+
+    A document can plant code (a fenced ```python block setting ``ans``) that a model echoing its prompt would
+    copy into its reply. So: an echoed prompt at the start of the reply is cut off (``"echoed_prompt"``), the
+    program is extracted from the rest (:func:`sleuth.sandbox.extract_program`, its fallback kept), and a program
+    that occurs verbatim in a document (as the prompt showed it, or raw) is refused: ``("", "planted_program")``.
+    Linear in the reply, the prompt and the documents."""
+    cut = _echo_end(reply, prompt)
+    code, fallback = extract_program(reply[cut:])
+    fallbacks = ["echoed_prompt" if cut else None, fallback]
+    body = code.strip()
+    if body and any(body in document for document in documents):
+        return "", _join(*fallbacks, "planted_program")
+    return code, _join(*fallbacks)
+
+
+def _read_value(result: ProgramResult) -> tuple[str | None, str | None]:
+    """The answer string of a program run and the fallback taken (None, None when the run failed)."""
+    if not result.ok:
+        return None, None
+    try:
+        answer = format_value(result.value)
+    except ValueError:  # an int past Python's str limit: no answer can be printed from it
+        return None, "unprintable_value"
+    return answer, f"read_{result.variable}" if result.variable != "ans" else None
+
+
 async def program_of_thought(
-    fields: dict[str, str], breakdown: str, ctx: Context, trace: Trace, config: AceSearcherDocConfig
+    fields: dict[str, str],
+    breakdown: str,
+    ctx: Context,
+    trace: Trace,
+    config: AceSearcherDocConfig,
+    chunks: Iterable[Passage] = (),
 ) -> str | None:
-    """Ask for the program, run it in the sandbox; the answer string, or None when the program failed."""
+    """Ask for the program, run it in the sandbox; the answer string, or None when the program failed.
+
+    Only a program the model authored runs (:func:`authored_program`): never one echoed from the prompt or copied
+    verbatim from a chunk (``chunks``: their raw texts, next to the ones the prompt showed)."""
     template = load_prompt("acesearcher_doc_code_pot" if config.prompts == "code" else "acesearcher_doc_pot")
-    prompt = template.format(**fields, decomposition=breakdown, decompose=breakdown)
+    prompt = template.format(**fields, decomposition=breakdown, decompose=breakdown).strip()
     sampling = _budgeted(config.sampling, config.answer_max_new_tokens)
-    step = await ctx.chat(trace, "program", prompt.strip(), sampling)
-    code, fallback = extract_program(step.output or "")
+    step = await ctx.chat(trace, "program", prompt, sampling)
+    documents = [fields["passage"], *(p.text for p in chunks)]
+    code, fallback = authored_program(step.output or "", prompt, documents)
+    planted = "planted_program" in (fallback or "")
     step.parsed = code
-    step.fallback = _join(fallback, None if code.strip() else "empty_program")
+    step.fallback = _join(fallback, None if code.strip() or planted else "empty_program")
     if code.strip():
         result = await arun_program(
             code,
@@ -342,21 +415,24 @@ async def program_of_thought(
             fallback_vars=tuple(config.answer_fallbacks),
         )
     else:
-        result = ProgramResult(ok=False, error="empty program")
-    answer = format_value(result.value) if result.ok else None
+        result = ProgramResult(
+            ok=False, error="refused: program copied from a document" if planted else "empty program"
+        )
+    answer, read = _read_value(result)
+    value = result.value if read != "unprintable_value" else None
     run = Step(
         kind="execute",
-        parsed=result.value,
+        parsed=value,
         error=result.error,
         seconds=result.seconds,
-        fallback=f"read_{result.variable}" if result.ok and result.variable != "ans" else None,
+        fallback=read,
         meta={"ok": result.ok, "variable": result.variable, "stdout": result.stdout, "answer": answer},
     )
     trace.add(run)
     trace.meta["program"] = {
         "code": code,
-        "ok": result.ok,
-        "value": result.value,
+        "ok": result.ok and answer is not None,
+        "value": value,
         "error": result.error,
         "variable": result.variable,
         "stdout": result.stdout,
@@ -445,12 +521,12 @@ async def acesearcher_doc(example: Example, ctx: Context, trace: Trace) -> Trace
     config.validate()
     trace.meta["reasoning"] = config.reasoning
     chunks = await select_chunks(example, ctx, trace, config)
-    fields = prompt_fields(example, chunks, config.passage_style)
+    fields = prompt_fields(example, chunks, config.passage_style, ctx.inert)
     breakdown = await decompose_document(example, fields, ctx, trace, config)
     if config.reasoning == "cot":
         trace.answer = await chain_of_thought(fields, breakdown, ctx, trace, config)
         return trace
-    answer = await program_of_thought(fields, breakdown, ctx, trace, config)
+    answer = await program_of_thought(fields, breakdown, ctx, trace, config, chunks)
     if answer is None and config.cot_fallback:
         trace.meta["cot_fallback"] = True
         answer = await chain_of_thought(fields, breakdown, ctx, trace, config, after_failure=True)
