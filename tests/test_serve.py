@@ -652,3 +652,18 @@ def test_remote_makes_passages_and_queries_encodable(scripted: ScriptedServer) -
     (hits,) = remote.search(["who \ud800"], 1)  # httpx's json= would raise UnicodeEncodeError on the query
     assert hits == [Passage(id="7\ufffd", title="T\ufffd", text="text \ufffd", score=1.5)]
     assert scripted.received[0][1]["queries"] == ["who \ufffd"]
+
+
+def test_a_trickling_server_cannot_hold_a_remote_search_past_its_timeout() -> None:
+    from tests.test_openai_backend import StallingServer
+
+    server = StallingServer(trickle=True, interval=0.3)  # one byte every 0.3 s: every read succeeds on its own
+    try:
+        remote = RemoteRetriever(server.url.removesuffix("/v1"), timeout=1, max_retries=0)
+        started = time.monotonic()
+        with pytest.raises(RetrievalError, match="timed out after 1 s"):
+            remote.search(["q"], 2)
+        assert time.monotonic() - started < 4
+        remote.close()
+    finally:
+        server.close()

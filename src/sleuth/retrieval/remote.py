@@ -15,9 +15,10 @@ Spec (the options are parsed by :func:`load_remote`)::
     remote:http://127.0.0.1:8000?timeout=30&max_retries=5&backoff=0.5&batch_size=256&token_env=SLEUTH_TOKEN
 
 ``url`` is the server's base URL or its full ``/retrieve`` URL. Queries are sent in chunks of ``batch_size``.
-Timeouts, connection errors, HTTP 408, 429 and 5xx are retried ``max_retries`` times with exponential backoff
-plus jitter (at most 30 s a wait); other 4xx fail at once with the server's message. A bearer token is read from
-the environment variable named by ``token_env``; it is never accepted in the spec itself.
+``timeout`` bounds each attempt as a whole, from connecting to the last byte (a server trickling bytes cannot
+stretch it). Timeouts, connection errors, HTTP 408, 429 and 5xx are retried ``max_retries`` times with
+exponential backoff plus jitter (at most 30 s a wait); other 4xx fail at once with the server's message. A bearer
+token is read from the environment variable named by ``token_env``; it is never accepted in the spec itself.
 """
 
 from __future__ import annotations
@@ -176,7 +177,6 @@ class RemoteRetriever(Retriever):
 
     def _post(self, body: dict[str, Any]) -> Any:
         """POST ``body`` to ``/retrieve``, retrying transient failures; return the decoded JSON."""
-        client = self._http()
         url = self.retrieve_url
         attempts = self.max_retries + 1
         last_failure = ""
@@ -184,7 +184,7 @@ class RemoteRetriever(Retriever):
             retry_after: str | None = None
             self.stats.requests += 1
             try:
-                response = client.post(url, content=json_body(body), headers=JSON_HEADERS)
+                response = self._attempt(self._http(), url, json_body(body))
             except httpx.TimeoutException as exc:
                 last_failure = f"timed out after {self.timeout:g} s ({type(exc).__name__})"
             except httpx.TransportError as exc:
@@ -208,6 +208,38 @@ class RemoteRetriever(Retriever):
                 time.sleep(backoff_delay(attempt, self.backoff, retry_after))
         tries = f"{attempts} attempt{'s' if attempts != 1 else ''} ({self.max_retries} retries)"
         raise RetrievalError(f"POST {url} failed after {tries}; last failure: {last_failure}")
+
+    def _attempt(self, client: httpx.Client, url: str, content: bytes) -> httpx.Response:
+        """One POST, bounded as a whole by ``timeout``: httpx's timeouts bound each read, so a server that trickles
+        a byte at a time could otherwise hold the call open indefinitely. The request runs in its own daemon
+        thread; when time is up it is abandoned with its client (closed once it ends) and a fresh client serves
+        the next attempt."""
+        outcome: list[Any] = []
+        done = threading.Event()
+
+        def post() -> None:
+            try:
+                outcome.append(client.post(url, content=content, headers=JSON_HEADERS))
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=post, name="sleuth-remote-attempt", daemon=True).start()
+        if not done.wait(self.timeout):
+            with self._lock:
+                if self._client is client:
+                    self._client = None
+
+            def close_when_done() -> None:
+                done.wait()
+                client.close()
+
+            threading.Thread(target=close_when_done, daemon=True).start()
+            raise httpx.ReadTimeout(f"no complete response within {self.timeout:g} s")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
 
     # ---------------------------------------------------------------- parsing
 
