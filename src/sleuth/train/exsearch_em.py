@@ -618,7 +618,8 @@ def build_weighted_records(
     if not scores:
         scores = [(0.0, 0)] * len(items)
     own = [
-        (exact_match if config.weighting == "em" else f1_score)(r.trace.answer or "", r.trace.example.answers)
+        # SQuAD normalisation, as ExSearch's evaluation (and every paper's table) uses
+        (exact_match if config.weighting == "em" else f1_score)(r.trace.answer or "", r.trace.example.answers, "squad")
         for r, _, _ in items
     ]
     weights = normalize_weights(
@@ -641,7 +642,7 @@ def build_weighted_records(
                 "log_p_answer": log_p,
                 "answer_tokens": tokens,
                 "sampled_answer": trace.answer,
-                "em": exact_match(trace.answer or "", trace.example.answers),
+                "em": exact_match(trace.answer or "", trace.example.answers, "squad"),
                 "searches": len(trace.meta.get("iterations") or []),
                 "stop": trace.meta.get("stop"),
                 "fallbacks": trace.fallbacks,
