@@ -346,7 +346,8 @@ def parse_reply(text: str, query_open: bool, lenient: bool = False) -> SearcherT
     Strict (default, the code): tags as the prompt writes them, closed; an unclosed ``<important_info>`` or
     ``<search_complete>`` is ignored (``important_info_unclosed_ignored`` / ``search_complete_unclosed_ignored``),
     so its block stays untagged and is served whole, and a tag in another case is no tag (``tag_case_ignored``).
-    ``lenient``: any case, and unclosed tags are read (``important_info_unclosed``, ``search_complete_unclosed``).
+    ``lenient``: any case, and unclosed tags are read (``important_info_unclosed``, ``search_complete_unclosed``)
+    when ids / a value follow them.
     """
     turn = SearcherTurn()
     tags = _Tags(text, lenient)
@@ -359,11 +360,12 @@ def parse_reply(text: str, query_open: bool, lenient: bool = False) -> SearcherT
     element = tags.element("search_complete")
     value = element[0] if element else None
     if element is None and (opened := tags.find("<search_complete>")) >= 0:
-        if not lenient:
-            turn.fallbacks.append("search_complete_unclosed_ignored")
-        elif unclosed := _COMPLETE_UNCLOSED.search(text, opened):
+        unclosed = _COMPLETE_UNCLOSED.search(text, opened) if lenient else None
+        if unclosed:
             value = unclosed.group(1)
             turn.fallbacks.append("search_complete_unclosed")
+        else:
+            turn.fallbacks.append("search_complete_unclosed_ignored")
     if value is not None:
         value = value.strip().lower()
         turn.complete = value in COMPLETE_VALUES
@@ -375,14 +377,13 @@ def parse_reply(text: str, query_open: bool, lenient: bool = False) -> SearcherT
     if first is not None and tags.element("important_info", first[1]) is not None:
         turn.fallbacks.append("extra_important_info")
     if first is None and (opened := tags.find("<important_info>")) >= 0:
-        if not lenient:
+        run = _SELECTION_RUN.match(text, opened + len("<important_info>")) if lenient else None
+        ids = run.group() if run else ""
+        if _DIGITS.search(ids):
+            content = ids
+            turn.fallbacks.append("important_info_unclosed")
+        else:  # strict, or without ids: no tag, as in the code, so the block stays whole
             turn.fallbacks.append("important_info_unclosed_ignored")
-        else:
-            run = _SELECTION_RUN.match(text, opened + len("<important_info>"))
-            ids = run.group() if run else ""
-            if _DIGITS.search(ids):  # without ids an unclosed tag is no tag, as in the code: the block stays whole
-                content = ids
-                turn.fallbacks.append("important_info_unclosed")
     if content is not None:
         turn.selection, too_long = selection_numbers(content)
         if too_long:
