@@ -287,9 +287,11 @@ def extract_boxed(text: str) -> tuple[str, str | None]:
     ('The change is 12.5%.', 'no_boxed+whole_text')
     """
     text = text or ""
-    starts = list(_BOXED.finditer(text))
-    if starts:
-        begin = starts[-1].end()
+    last = None
+    for last in _BOXED.finditer(text):  # only the last one counts; no list of every match is kept
+        pass
+    if last is not None:
+        begin = last.end()
         depth = 1
         for i in range(begin, len(text)):
             depth += {"{": 1, "}": -1}.get(text[i], 0)
