@@ -112,6 +112,28 @@ def test_different_rewards_change_the_policy_and_log_every_term(tmp_path: Path, 
     assert all(r.extra["reward"] == float(len(r.trace.answer or "") % 3) for r in stored)
 
 
+class FixedTask(DirectTask):
+    """Episodes that do not depend on the sampled text (the reply is fixed by question and sample; the reward by
+    the question), so that two runs can be compared exactly; ``long``: the prompt carries a long document (an
+    observation). Remembers the episodes it handed to the loop."""
+
+    def __init__(self, long: bool = False) -> None:
+        super().__init__(_odd)
+        self.long = long
+        self.seen: list[Episode] = []
+
+    def episodes(self, traces: list[Trace]) -> list[Episode]:
+        out = super().episodes(traces)
+        for episode, trace in zip(out, traces, strict=True):
+            sample = trace.example.metadata["rl"]["sample"]
+            reply = {"role": "assistant", "content": f"{trace.example.id} is number {sample}"}
+            prompt = _prompt(trace.example.question) if self.long else {"role": "user", "content": "Who?"}
+            episode.messages = [prompt, reply]
+            episode.reward = float((int(trace.example.id[1:]) + sample) % 2)
+        self.seen.extend(out)
+        return out
+
+
 def _ppo(tmp_path: Path, tiny_model_dir: Path, **overrides: Any) -> RLConfig:
     settings: dict[str, Any] = {
         "algorithm": "ppo",
@@ -145,13 +167,13 @@ def test_ppo_trains_a_separate_critic_from_the_base_model(tmp_path: Path, tiny_m
     own optimizer and learning rate; both it and the policy learn, and the checkpoint holds both."""
     import torch
 
-    summary = train_online(_ppo(tmp_path, tiny_model_dir), DirectTask(_odd), _examples())
+    summary = train_online(_ppo(tmp_path, tiny_model_dir, steps=2), FixedTask(), _examples())
     checkpoint = tmp_path / "rl" / "checkpoint"
     assert not (checkpoint / "value_head.pt").exists() and (checkpoint / "critic_optimizer.pt").exists()
     critic = _critic_params(checkpoint)
     assert float(critic["head.bias"].abs()) > 0  # the value head (initialised at zero) learned
     base = _params(tiny_model_dir)
-    # the second mini-batch's gradient reaches the backbone through the now non-zero head
+    # once the head is off zero (after the first optimizer step that sees a return), the gradient reaches the backbone
     assert any(not torch.equal(v, base[f"model.{k}"]) for k, v in critic.items() if not k.startswith("head."))
     policy = _params(tmp_path / "rl" / "model")
     assert any(not torch.equal(base[k], policy[k]) for k in base)
@@ -195,7 +217,7 @@ def test_during_the_critic_warmup_only_the_critic_learns(tmp_path: Path, tiny_mo
     import torch
 
     config = _ppo(tmp_path, tiny_model_dir, steps=1, critic_warmup_steps=1)
-    summary = train_online(config, DirectTask(_odd), _examples())
+    summary = train_online(config, FixedTask(), _examples())
     base, policy = _params(tiny_model_dir), _params(tmp_path / "rl" / "model")
     assert all(torch.equal(base[k], policy[k]) for k in base)  # not one weight of the policy moved
     optimizer = torch.load(tmp_path / "rl" / "checkpoint" / "optimizer.pt", weights_only=True)
@@ -212,7 +234,7 @@ def test_the_policy_update_is_independent_of_the_critics_learning(tmp_path: Path
 
     def policy_after(name: str, **overrides: Any) -> dict[str, Any]:
         config = _ppo(tmp_path, tiny_model_dir, output_dir=str(tmp_path / name), **overrides)
-        train_online(config, DirectTask(_odd), _examples())
+        train_online(config, FixedTask(), _examples())
         return _params(tmp_path / name / "model")
 
     fast, frozen = policy_after("fast", critic_learning_rate=1e-2), policy_after("frozen", critic_learning_rate=0.0)
@@ -230,11 +252,11 @@ def test_a_resumed_ppo_run_restores_the_critic_and_its_optimizer(tmp_path: Path,
     import torch
 
     straight = _ppo(tmp_path, tiny_model_dir, output_dir=str(tmp_path / "straight"), steps=2, mini_batches=1)
-    train_online(straight, DirectTask(_odd), _examples())
+    train_online(straight, FixedTask(), _examples())
     resumed = dataclasses.replace(straight, output_dir=str(tmp_path / "resumed"), steps=1)
-    train_online(resumed, DirectTask(_odd), _examples())
+    train_online(resumed, FixedTask(), _examples())
     after_one = _critic_params(tmp_path / "resumed" / "checkpoint")
-    train_online(dataclasses.replace(resumed, steps=2), DirectTask(_odd), _examples())
+    train_online(dataclasses.replace(resumed, steps=2), FixedTask(), _examples())
     a, b = _critic_params(tmp_path / "straight" / "checkpoint"), _critic_params(tmp_path / "resumed" / "checkpoint")
     assert any(not torch.equal(after_one[k], b[k]) for k in b)  # the second step moved the critic
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -321,6 +343,133 @@ def test_observation_tokens_do_not_enter_the_loss(tiny_model_dir: Path) -> None:
     assert 0 < mask.sum() < mask.numel()
 
 
+HEADER = "INSTRUCTION: answer the question from the documents below, citing them.\n"
+LONG_DOC = "Doc 1 " + "alpha beta gamma " * 40
+SHORT_DOC = "Doc 2 a short note."
+
+
+def _prompt(question: str) -> dict[str, Any]:
+    from sleuth.train.tokens import observation_segments
+
+    content = f"{HEADER}{LONG_DOC}\n{SHORT_DOC}\nQuestion: {question}"
+    return {"role": "user", "content": content, "segments": observation_segments(content, [LONG_DOC, SHORT_DOC])}
+
+
+def _long_chat() -> list[dict[str, Any]]:
+    segments = [
+        {"source": "model", "text": "<query>who wrote it</query>"},
+        {"source": "observation", "text": "\n\n<information>" + "delta epsilon " * 30 + "</information>\n\n"},
+        {"source": "model", "text": "<answer>Ann</answer>"},
+    ]
+    return [_prompt("Who wrote it?"), {"role": "assistant", "segments": segments}]
+
+
+def _model_ids(ids: list[int], mask: list[int]) -> list[int]:
+    return [t for t, m in zip(ids, mask, strict=True) if m]
+
+
+def test_observation_segments_change_neither_the_ids_nor_the_model_mask(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from sleuth.train.tokens import tokenize_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    marked = tokenize_chat(tokenizer, _long_chat())
+    plain = tokenize_chat(tokenizer, [{"role": "user", "content": _long_chat()[0]["content"]}, _long_chat()[1]])
+    assert marked.input_ids == plain.input_ids and marked.model_mask == plain.model_mask
+    observed = tokenizer.decode([t for t, o in zip(marked.input_ids, marked.observation_mask, strict=True) if o])
+    assert "alpha beta gamma" in observed and "short note" in observed and "delta epsilon" in observed
+    assert "INSTRUCTION" not in observed and "<answer>" not in observed
+    assert len({o for o in marked.observation_mask if o}) == 3  # three observations, kept apart
+
+
+def test_an_episode_over_the_limit_keeps_its_instruction_and_every_model_token(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from sleuth.train.tokens import KEEP_TAIL, fit_to_length, tokenize_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    full = tokenize_chat(tokenizer, _long_chat())
+    assert fit_to_length(full, None) is full and fit_to_length(full, len(full)) is full
+    fitted = fit_to_length(full, len(full) - 50)
+    assert fitted is not None and len(fitted) == len(full) - 50 and fitted.cut_tokens == 50 and fitted.truncated
+    first_observation = full.observation_mask.index(1)
+    assert fitted.input_ids[:first_observation] == full.input_ids[:first_observation]  # the instruction, whole
+    assert tokenizer.decode(fitted.input_ids[:first_observation]).count("INSTRUCTION") == 1
+    assert _model_ids(fitted.input_ids, fitted.model_mask) == _model_ids(full.input_ids, full.model_mask)
+    assert fitted.model_tokens == full.model_tokens
+    sizes = {o: full.observation_mask.count(o) for o in (1, 2, 3)}
+    after = {o: fitted.observation_mask.count(o) for o in (1, 2, 3)}
+    assert sizes[1] - 50 > sizes[3] > sizes[2]
+    assert after == {1: sizes[1] - 50, 2: sizes[2], 3: sizes[3]}  # only the longest observation is cut
+    more = fit_to_length(full, len(full) - (sizes[1] - sizes[3]) - 40)
+    assert more is not None
+    after = {o: more.observation_mask.count(o) for o in (1, 2, 3)}
+    assert after == {1: sizes[3] - 20, 2: sizes[2], 3: sizes[3] - 20}  # the two long ones, down to one length
+    text = tokenizer.decode(fitted.input_ids)
+    assert text.endswith("<answer>Ann</answer><|im_end|>\n") and "</information>" in text  # closing tags kept
+    last = [t for t, o in zip(fitted.input_ids, fitted.observation_mask, strict=True) if o == 3][-KEEP_TAIL:]
+    assert last == [t for t, o in zip(full.input_ids, full.observation_mask, strict=True) if o == 3][-KEEP_TAIL:]
+
+
+def test_an_episode_that_cannot_fit_without_cutting_the_model_or_the_instruction_is_refused(
+    tiny_model_dir: Path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    from sleuth.train.tokens import fit_to_length, tokenize_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    full = tokenize_chat(tokenizer, _long_chat())
+    kept = sum(1 for o in full.observation_mask if not o)
+    assert fit_to_length(full, kept - 1) is None
+    bare = fit_to_length(full, kept)
+    assert bare is not None and not any(bare.observation_mask) and len(bare) == kept
+    assert _model_ids(bare.input_ids, bare.model_mask) == _model_ids(full.input_ids, full.model_mask)
+
+
+def test_observations_are_cut_longest_first_down_to_one_level() -> None:
+    from sleuth.train.tokens import _level_cuts
+
+    assert _level_cuts([10, 3, 7], 6) == [5, 0, 1]  # lengths 5, 3, 6: the two long ones meet, the short one stays
+    assert _level_cuts([4, 4], 3) == [2, 1]
+    assert _level_cuts([9], 9) == [9]
+
+
+def test_the_step_log_counts_cut_and_dropped_episodes(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import AutoTokenizer
+
+    from sleuth.train.tokens import tokenize_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    task = FixedTask(long=True)
+    probe = tokenize_chat(tokenizer, [_prompt("Who wrote book 0?"), {"role": "assistant", "content": ""}])
+    limit = len(probe) - 20  # every episode is longer than that: each loses document tokens
+    config = _config(tmp_path, tiny_model_dir, max_episode_tokens=limit, progress=True)
+    summary = train_online(config, task, _examples())
+    log = [json.loads(line) for line in (tmp_path / "rl" / "log.jsonl").read_text().splitlines()]
+    assert len(task.seen) == 6 and log[0]["truncated"] == 6 and log[0]["too_long"] == 0 and log[0]["failed"] == 0
+    cut = 0
+    for episode in task.seen:
+        full = tokenize_chat(tokenizer, episode.messages or [])
+        assert episode.input_ids is not None and episode.mask is not None and len(episode.input_ids) <= limit
+        assert episode.input_ids[:10] == full.input_ids[:10]
+        assert _model_ids(episode.input_ids, episode.mask) == _model_ids(full.input_ids, full.model_mask)
+        assert episode.cut_tokens == len(full) - len(episode.input_ids) > 0
+        cut += episode.cut_tokens
+    assert log[0]["truncated_tokens"] == cut and "loss" in log[0] and summary["truncated"] == 6
+    assert "cut 6 episodes" in capsys.readouterr().out
+
+    # a limit below the instruction and the answer: every episode is dropped, counted, and the run goes on
+    config = _config(tmp_path, tiny_model_dir, output_dir=str(tmp_path / "tiny-limit"), max_episode_tokens=5)
+    summary = train_online(config, FixedTask(long=True), _examples())
+    last = summary["last"]
+    assert last["too_long"] == 6 and last["failed"] == 0 and last["truncated"] == 0 and "loss" not in last
+    assert summary["too_long"] == 6
+
+
 _DATA_PARALLEL_SCRIPT = '''
 import json, os, sys
 from typing import Any
@@ -367,7 +516,8 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
     algorithm: str, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """Data parallel (torchrun, gloo on CPU): each process trains on half the questions, gradients are summed with
-    global normalisation, so the weights after two steps equal a single process's on the same batches."""
+    global normalisation, so the weights after two steps equal a single process's on the same batches (for PPO:
+    the policy's and the separate critic's)."""
     import os
     import subprocess
     import sys
@@ -392,6 +542,7 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
             group_size=2 if algorithm == "grpo" else 1,
             micro_batch=1,
             learning_rate=1e-3,
+            critic_learning_rate=1e-3,
             beta=0.04 if algorithm == "grpo" else 0.0,
             kl_coef=0.01 if algorithm == "ppo" else 0.0,
             entropy_coef=0.01,
@@ -408,9 +559,25 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
     assert all(torch.allclose(one[k], two[k], atol=1e-4) for k in one), max(
         float((one[k] - two[k]).abs().max()) for k in one
     )
+    if algorithm == "ppo":  # the separate critic's gradients are summed across processes like the policy's
+        c1, c2 = _critic_params(runs["one"] / "checkpoint"), _critic_params(runs["two"] / "checkpoint")
+        assert any(not torch.equal(c1[k], base[f"model.{k}"]) for k in c1 if not k.startswith("head."))
+        assert all(torch.allclose(c1[k], c2[k], atol=1e-4) for k in c1), max(
+            float((c1[k] - c2[k]).abs().max()) for k in c1
+        )
     logs = {name: [json.loads(x) for x in (d / "log.jsonl").read_text().splitlines()] for name, d in runs.items()}
     for a, b in zip(logs["one"], logs["two"], strict=True):
-        for key in ("reward", "reward/r", "response_tokens", "loss", "kl", "entropy", "grad_norm"):
+        for key in (
+            "reward",
+            "reward/r",
+            "response_tokens",
+            "loss",
+            "kl",
+            "entropy",
+            "grad_norm",
+            "value_loss",
+            "critic_grad_norm",
+        ):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     from sleuth.train.rollouts import RolloutStore

@@ -178,6 +178,43 @@ def test_s3_trajectory_masks_the_retrieved_documents(tmp_path: Path, tiny_model_
     assert trajectory_messages(empty) is None
 
 
+def test_s3_and_arena_prompts_mark_their_documents_as_observations(tiny_model_dir: Path) -> None:
+    """The documents inside a prompt (s3's initial naive-RAG block, ARENA's references) are observations: an
+    episode over max_episode_tokens loses their text, not the instruction around them."""
+    from transformers import AutoTokenizer
+
+    from sleuth.agents.arena import arena_prompt
+    from sleuth.agents.s3 import searcher_prompt
+    from sleuth.train.arena_rl import _mark_references
+    from sleuth.train.tokens import tokenize_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    example = Example(id="x", question="Where does Ann live?", answers=["Rome"], context=PASSAGES)
+    prompt = searcher_prompt(example.question, PASSAGES, S3Config())
+    trace = Trace(
+        example=example,
+        method="s3",
+        meta={
+            "searcher_prompt": prompt,
+            "naive_rag_passages": [p.to_dict() for p in PASSAGES],
+            "transcript": [{"source": "model", "text": "<search_complete>True</search_complete>"}],
+        },
+    )
+    messages = trajectory_messages(trace)
+    assert messages is not None
+    observed = [s["text"] for s in messages[0]["segments"] if s["source"] == "observation"]
+    assert observed == [p.text for p in PASSAGES] and "".join(s["text"] for s in messages[0]["segments"]) == prompt
+
+    prompt = arena_prompt(example.question, PASSAGES)
+    trace = Trace(example=example, method="arena", meta={"reference_ids": [p.id for p in PASSAGES]})
+    marked = _mark_references([{"role": "user", "content": prompt}], trace)
+    observed = [s["text"] for s in marked[0]["segments"] if s["source"] == "observation"]
+    assert observed == [p.text for p in PASSAGES]
+    chat = tokenize_chat(tokenizer, [*marked, {"role": "assistant", "content": "<answer>Rome</answer>"}])
+    text = tokenizer.decode([t for t, o in zip(chat.input_ids, chat.observation_mask, strict=True) if not o])
+    assert example.question in text and "Ann lives" not in text and "<answer>Rome</answer>" in text
+
+
 def test_configs_load_and_validate() -> None:
     from sleuth.train.config import load_config
 
@@ -185,6 +222,17 @@ def test_configs_load_and_validate() -> None:
     arena = load_config(ArenaRLConfig, repo / "configs" / "arena_grpo.yaml", {"group_size": "5"})
     arena.validate()
     assert arena.group_size == 5 and arena.kl == "arena" and arena.agent.sampling.max_new_tokens == 256
+    assert arena.max_episode_tokens is None  # the released trainer does not truncate prompts
+    s3 = load_config(S3RLConfig, repo / "configs" / "s3_ppo.yaml")
+    s3.validate()
+    # 8-3-3: 8 documents per search, 3 kept, and the reference's CLI max_turns=3, whose loop runs 3 + 1 = 4 search
+    # rounds before the final no-search one: sleuth's max_turns counts the search rounds, so 4
+    assert (s3.agent.k, s3.agent.max_selected, s3.agent.k_initial, s3.agent.max_turns) == (8, 3, 3, 4)
+    assert s3.agent.max_turns == S3Config().max_turns
+    # veRL's PPO: a separate critic at lr 1e-5 warmed up over 1% of 1500 steps, actor at 1e-6, no critic-only steps
+    assert (s3.critic, s3.critic_learning_rate, s3.critic_lr_warmup_steps) == ("separate", 1e-5, 15)
+    assert (s3.learning_rate, s3.warmup_steps, s3.critic_warmup_steps, s3.max_episode_tokens) == (1e-6, 0, 0, None)
+    assert S3RLConfig().critic == "separate" and S3RLConfig().critic_lr_warmup_steps == 15
     s3 = load_config(S3RLConfig, repo / "configs" / "s3_ppo.yaml", {"algorithm": "grpo", "group_size": "4"})
     s3.validate()
     assert s3.algorithm == "grpo" and s3.kl_coef == 0.001 and s3.agent.k == 8
