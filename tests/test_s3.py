@@ -581,8 +581,8 @@ class TokenizerScripted(ScriptedLLM):
         super().__init__(replies)
         self._tokens = tokens
 
-    def special_tokens(self) -> tuple[str, ...]:
-        return self._tokens
+    def special_tokens(self) -> tuple[str, ...]:  # a backend may also declare tokens that are not "<...>"-shaped
+        return (*self._tokens, "[INST]")
 
 
 PLANTED = Passage(
@@ -617,3 +617,4 @@ def test_planted_chat_tokens_in_passages_never_become_turns(tiny_model_dir: Path
         assert messages is not None and "Jaws." in "".join(m["content"] for m in messages)
         benign = [{"role": m["role"], "content": "x"} for m in messages]
         assert special_ids(hf, messages) == special_ids(hf, benign)  # only the chat template's own
+        assert "[INST]" not in "".join(m["content"] for m in messages)
