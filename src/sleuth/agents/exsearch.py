@@ -19,7 +19,10 @@ turn; none is dropped.
 Tags: ``tags="paper"`` (default) uses the paper's ``<THINK>/<SEARCH>/<RECORD>/<FINAL>`` and its Appendix F.1
 prompt; ``tags="code"`` the official code's ``<QUERY>/<SEARCH>/<FACT>/<FINAL>`` and its prompt. The parser accepts
 either set, any case, the paper's ``<FINIAL>`` misspelling and the warm-up aliases ``<Search n>`` / ``<Keyword n>``
-(each recorded as a ``tag_alias`` fallback).
+(each recorded as a ``tag_alias`` fallback), and a missing ``>``; a tag starts at a ``<`` directly followed by its
+name or ``/`` (:data:`~sleuth.agents.base.TAG_OPEN`), exactly the ``<`` that ``escape_observation`` neutralises in
+passages (which enter every prompt through ``ctx.inert``, chat special tokens broken too), so a passage the model
+copies into its turn holds no tag. Every parser here is linear in its input and never raises.
 
 Documents are numbered **1-based** everywhere: ``[1]..[K]`` in the inserted observation, in the optional selection
 prompt (``select=True``, ExSearch-Zoo's select/re-rank action) and in the identifiers parsed from its output. The
