@@ -269,6 +269,27 @@ def test_a_resumed_ppo_run_restores_the_critic_and_its_optimizer(tmp_path: Path,
     assert all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
 
 
+def test_a_lora_critic_is_trained_checkpointed_and_resumed(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``critic_lora`` (default: as ``lora``): the critic is the base transformer with its own LoRA adapters and a
+    value head; ``critic_lora: false`` keeps a fully trained critic beside a LoRA policy."""
+    from safetensors.torch import load_file
+
+    config = _ppo(tmp_path, tiny_model_dir, lora=True, lora_r=4, steps=2)
+    train_online(config, FixedTask(), _examples())
+    backbone = tmp_path / "rl" / "checkpoint" / "critic" / "backbone"
+    adapter = load_file(str(backbone / "adapter_model.safetensors"))
+    assert any(float(t.abs().max()) > 0 for k, t in adapter.items() if "lora_B" in k)  # the critic's adapter learned
+    assert not (backbone / "model.safetensors").exists()
+    summary = train_online(dataclasses.replace(config, steps=3), FixedTask(), _examples())
+    assert summary["steps"] == 3 and "critic_grad_norm" in summary["last"]
+    resumed = load_file(str(backbone / "adapter_model.safetensors"))
+    assert resumed.keys() == adapter.keys() and any(not (resumed[k] == adapter[k]).all() for k in adapter)
+
+    full = _ppo(tmp_path, tiny_model_dir, output_dir=str(tmp_path / "full"), lora=True, critic_lora=False)
+    train_online(full, FixedTask(), _examples())
+    assert (tmp_path / "full" / "checkpoint" / "critic" / "backbone" / "model.safetensors").exists()
+
+
 class Killed(Exception):
     pass
 
