@@ -31,6 +31,7 @@ import dataclasses
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -287,11 +288,9 @@ def extract_boxed(text: str) -> tuple[str, str | None]:
     ('The change is 12.5%.', 'no_boxed+whole_text')
     """
     text = text or ""
-    last = None
-    for last in _BOXED.finditer(text):  # only the last one counts; no list of every match is kept
-        pass
-    if last is not None:
-        begin = last.end()
+    last = deque(_BOXED.finditer(text), maxlen=1)  # only the last match counts; no list of every match is kept
+    if last:
+        begin = last[0].end()
         depth = 1
         for i in range(begin, len(text)):
             depth += {"{": 1, "}": -1}.get(text[i], 0)
