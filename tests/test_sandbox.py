@@ -398,3 +398,25 @@ def test_text_the_program_cannot_encode_comes_back_clean() -> None:
     result.value.encode("utf-8")
     value = run_program("ans = ['x' + chr(0xD800)]").value  # made inside the program
     assert value[0].startswith("x") and "\ud800" not in value[0]
+
+
+def _seconds(fn: object, text: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = time.thread_time()
+        fn(text)  # type: ignore[operator]
+        best = min(best, time.thread_time() - started)
+    return best
+
+
+@pytest.mark.parametrize(
+    "unit", ["```py", "```", "```python\n", "``` x", "```python\nans = 1\n", "a\n", "`` `\n"], ids=repr
+)
+def test_extract_program_is_linear_time(unit: str) -> None:
+    """A regex that tries every backtick triple against the rest of its line was quadratic ('```py' * 40000: 8 s);
+    four times the input must cost about four times the time (a quadratic scan gives ~16)."""
+    n = 2000
+    while _seconds(extract_program, unit * n) < 0.005 and n < 2_000_000:
+        n *= 2
+    small, large = _seconds(extract_program, unit * n), _seconds(extract_program, unit * 4 * n)
+    assert large / max(small, 1e-6) < 8, (n, small, large)

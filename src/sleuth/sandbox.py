@@ -809,9 +809,49 @@ async def arun_program(code: str, **kwargs: Any) -> ProgramResult:
 # Pulling the program out of a model's reply
 # ---------------------------------------------------------------------------------------------------------------
 
-_PY_FENCE = re.compile(r"```[ \t]*(?:python3?|py)\b[^\n]*\n(.*?)```", re.IGNORECASE | re.DOTALL)
-_ANY_FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
-_OPEN_PY_FENCE = re.compile(r"```[ \t]*(?:python3?|py)\b[^\n]*\n", re.IGNORECASE)
+_PY_LANGUAGE = re.compile(r"[ \t]*(?:python3?|py)\b", re.IGNORECASE)
+
+
+def _scan_fences(text: str, python_only: bool) -> list[str]:
+    """The bodies of the fenced blocks, as ``re.findall`` of ``FENCE[^\n]*\n(.*?)FENCE`` would find them (a
+    python fence: ``[ \t]*(python3?|py)\b`` after the backticks; any fence: no backtick on the header line), in one
+    left-to-right pass: a regex tries every backtick triple against the rest of its line, which is quadratic in a
+    reply of many fences on one line (a model can write that)."""
+    bodies: list[str] = []
+    pos, newline = 0, -1
+    while (start := text.find("```", pos)) >= 0:
+        if newline < start + 3:  # the first newline after the fence (cached while the scan stays on one line)
+            newline = text.find("\n", start + 3)
+            if newline < 0:
+                break
+        if python_only:
+            valid = _PY_LANGUAGE.match(text, start + 3, newline) is not None
+        else:
+            valid = text.find("`", start + 3, newline) < 0
+        if not valid:
+            pos = start + 1
+            continue
+        end = text.find("```", newline + 1)
+        if end < 0:
+            break
+        bodies.append(text[newline + 1 : end])
+        pos = end + 3
+    return bodies
+
+
+def _last_open_python_fence(text: str) -> int | None:
+    """Where the text after the last opening python fence line begins (None without one)."""
+    last, pos, newline = None, 0, -1
+    while (start := text.find("```", pos)) >= 0:
+        if newline < start + 3:
+            newline = text.find("\n", start + 3)
+            if newline < 0:
+                break
+        if _PY_LANGUAGE.match(text, start + 3, newline) is None:
+            pos = start + 1
+            continue
+        last, pos = newline + 1, newline + 1
+    return last
 
 
 def _compiles(code: str) -> bool:
@@ -836,15 +876,15 @@ def extract_program(text: str) -> tuple[str, str | None]:
     >>> extract_program("ans = 2")
     ('ans = 2', 'raw_text')
     """
-    blocks = _PY_FENCE.findall(text)
+    blocks = _scan_fences(text, python_only=True)
     if blocks:
         return blocks[-1].strip("\n"), None
-    blocks = _ANY_FENCE.findall(text)
+    blocks = _scan_fences(text, python_only=False)
     if blocks:
         return blocks[-1].strip("\n"), "other_fence"
-    opened = list(_OPEN_PY_FENCE.finditer(text))
-    if opened:
-        return text[opened[-1].end() :].strip("\n"), "unclosed_fence"
+    opened = _last_open_python_fence(text)
+    if opened is not None:
+        return text[opened:].strip("\n"), "unclosed_fence"
     raw = text.strip("\n")
     if _compiles(raw):
         return raw, "raw_text"
