@@ -25,21 +25,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sleuth.agents.base import (
     Context,
-    escape_observation,
+    Inert,
     format_passages,
+    inert,
     load_prompt,
-    neutralize_special_tokens,
     register_agent,
 )
 from sleuth.eval.metrics import claim_label
 from sleuth.llm import Sampling
-from sleuth.llm.base import COMMON_SPECIAL_TOKENS
 from sleuth.records import Example, Passage, Step, Trace
 
 __all__ = [
@@ -53,7 +52,6 @@ __all__ = [
     "dependency_waves",
     "extract_answer",
     "final_prompt",
-    "inert_text",
     "is_fact",
     "parse_decomposition",
     "passage_budget",
@@ -70,7 +68,6 @@ __all__ = [
 # Config
 # ---------------------------------------------------------------------------------------------------------------
 
-Inert = Callable[[str], str]  # text from outside made safe for a prompt (Context.inert)
 
 # Example.metadata key: a decomposition text the agent uses instead of calling the decomposer (see `decompose`).
 GIVEN_DECOMPOSITION = "acesearcher_decomposition"
@@ -371,13 +368,7 @@ def pool_passages(per_subquestion: list[list[Passage]], budget: int) -> list[Pas
     return pool
 
 
-def inert_text(text: str) -> str:
-    """What :meth:`Context.inert` does outside a run (the SFT data builders): tag look-alikes escaped and the common
-    chat-template special tokens broken (:data:`~sleuth.llm.base.COMMON_SPECIAL_TOKENS`)."""
-    return neutralize_special_tokens(escape_observation(text), COMMON_SPECIAL_TOKENS)
-
-
-def passages_text(passages: list[Passage], style: str = "title_text", inert: Inert = inert_text) -> str:
+def passages_text(passages: list[Passage], style: str = "title_text", inert: Inert = inert) -> str:
     """Passages as the agent's prompts show them: ``format_passages`` over titles and texts made inert (the agent
     passes :meth:`Context.inert`): every tag look-alike escaped, so retrieved text never carries a tag the final
     prompt asks the model to write (``<answer>``), and every special token of the run's models broken, so a passage
@@ -405,7 +396,7 @@ def subanswer_prompt(
     prompts: str = "paper",
     passage_style: str = "title_text",
     passage_order: str = "rank",
-    inert: Inert = inert_text,
+    inert: Inert = inert,
 ) -> str:
     """The sub-question (or sub-claim) answering prompt over ``passages`` given in retriever order
     (``passage_order="zigzag"`` reorders them as the released code does), as sent. ``inert`` makes the passages
@@ -423,7 +414,7 @@ def final_prompt(
     fact: bool,
     prompts: str = "paper",
     passage_style: str = "title_text",
-    inert: Inert = inert_text,
+    inert: Inert = inert,
 ) -> str:
     """The final-answer prompt, as sent. ``items``: ``(index, resolved sub-question, answer)`` per sub-question;
     ``pool``: the passage pool (unused for fact verification, whose prompt has no passages: Fig. 17,

@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sleuth.agents.acesearcher import SubQuestion, extract_answer, inert_text, parse_decomposition
-from sleuth.agents.base import Context, format_passages, load_prompt, neutralize_special_tokens, register_agent
+from sleuth.agents.acesearcher import SubQuestion, extract_answer, parse_decomposition
+from sleuth.agents.base import Context, format_passages, inert, load_prompt, neutralize_special_tokens, register_agent
 from sleuth.llm import Sampling
 from sleuth.records import Example, Passage, Step, Trace
 from sleuth.sandbox import ProgramResult, arun_program, extract_program
@@ -204,7 +204,7 @@ async def select_chunks(example: Example, ctx: Context, trace: Trace, config: Ac
 
 
 def prompt_fields(
-    example: Example, chunks: list[Passage], style: str, inert: Callable[[str], str] = inert_text
+    example: Example, chunks: list[Passage], style: str, inert: Callable[[str], str] = inert
 ) -> dict[str, str]:
     """Every placeholder the doc prompts use: Fig. 11's separate {passages}/{tables}, and {passage} = all chunks.
 

@@ -21,9 +21,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from sleuth.agents.base import Context, escape_observation, load_prompt, neutralize_special_tokens, register_agent
+from sleuth.agents.base import (
+    Context,
+    inert,
+    load_prompt,
+    register_agent,
+)
 from sleuth.llm import Sampling
-from sleuth.llm.base import COMMON_SPECIAL_TOKENS
 from sleuth.records import Example, Passage, Trace
 
 PROMPT_VARIANTS = ("code", "paper")
@@ -260,12 +264,7 @@ def citation_precision_recall(
 # --------------------------------------------------------------------------------------------------- prompt
 
 
-def _inert(text: str) -> str:
-    """What :meth:`Context.inert` does without a run: tags escaped, the common chat-template tokens broken."""
-    return neutralize_special_tokens(escape_observation(text), COMMON_SPECIAL_TOKENS)
-
-
-def format_references(passages: list[Passage], inert: Callable[[str], str] = _inert) -> str:
+def format_references(passages: list[Passage], inert: Callable[[str], str] = inert) -> str:
     """The official ``{references}``: ``"1. text\\n2. text"`` in the given order, texts only (no titles), each made
     inert (the agent passes :meth:`Context.inert`: tags escaped, so that a reference cannot close
     ``</references>`` or forge ``<relevance>``/``<answer>`` tags, and the run's special tokens broken, so that it
@@ -277,7 +276,7 @@ def format_references(passages: list[Passage], inert: Callable[[str], str] = _in
 
 
 def arena_prompt(
-    question: str, passages: list[Passage], variant: str = "code", inert: Callable[[str], str] = _inert
+    question: str, passages: list[Passage], variant: str = "code", inert: Callable[[str], str] = inert
 ) -> str:
     """The user message: ``code`` = the official training/inference prompt of the released checkpoints (it ends
     with a newline, as the official string does); ``paper`` = Table 1 of the paper. ``inert`` makes each

@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 from sleuth.llm import LLM, Generation, Request, Sampling
+from sleuth.llm.base import COMMON_SPECIAL_TOKENS
 from sleuth.records import Example, Passage, Step, Trace
 from sleuth.retrieval import RetrievalError, Retriever
 
@@ -79,9 +80,8 @@ class Context:
 
     def inert(self, text: str) -> str:
         """``text`` from outside (a passage, a title, tool output) made safe to place in a prompt of this run:
-        :func:`escape_observation` plus every special token of the run's models broken up
-        (:func:`neutralize_special_tokens`), so no passage can open or close a chat turn."""
-        return neutralize_special_tokens(escape_observation(text), self.special_tokens())
+        :func:`inert` with the special tokens of the run's own models."""
+        return inert(text, self.special_tokens())
 
     def special_tokens(self) -> tuple[str, ...]:
         """The special-token strings of every model of the run (the main one and each role)."""
@@ -207,6 +207,16 @@ def neutralize_special_tokens(text: str, tokens: Iterable[str]) -> str:
         if len(token) > 1 and token in text:
             text = text.replace(token, token[0] + "\u200b" + token[1:])
     return text
+
+
+Inert = Callable[[str], str]  # text from outside -> text safe in a prompt (agents pass ``ctx.inert``)
+
+
+def inert(text: str, special_tokens: Iterable[str] = COMMON_SPECIAL_TOKENS) -> str:
+    """``text`` from outside made safe for a prompt: :func:`escape_observation` (no tag look-alike survives) and
+    every special token broken (:func:`neutralize_special_tokens`). Without a run (SFT data builders) the common
+    chat-template tokens are used; :meth:`Context.inert` passes the run's models' own."""
+    return neutralize_special_tokens(escape_observation(text), special_tokens)
 
 
 @dataclass

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -38,7 +37,15 @@ from rich.console import RenderableType
 from rich.text import Text
 from rich.tree import Tree
 
-from sleuth.agents.base import TAG_OPEN, Context, Transcript, escape_observation, load_prompt, register_agent
+from sleuth.agents.base import (
+    TAG_OPEN,
+    Context,
+    Inert,
+    Transcript,
+    inert,
+    load_prompt,
+    register_agent,
+)
 from sleuth.llm import LLM, Request, Sampling
 from sleuth.records import Example, Passage, Step, Trace
 
@@ -129,11 +136,8 @@ class S3Config:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-Inert = Callable[[str], str]  # passage text -> text safe in a prompt (the agent passes ``ctx.inert``)
-
-
 def format_docs(
-    passages: list[Passage], title_space: bool = True, quote_titles: bool = True, inert: Inert = escape_observation
+    passages: list[Passage], title_space: bool = True, quote_titles: bool = True, inert: Inert = inert
 ) -> str:
     """Documents as the searcher sees them, one line each: ``Doc i (Title: "t") text\\n`` (titles and texts
     through ``inert``)."""
@@ -145,7 +149,7 @@ def format_docs(
     return "".join(lines)
 
 
-def observation_text(passages: list[Passage], config: S3Config, inert: Inert = escape_observation) -> str:
+def observation_text(passages: list[Passage], config: S3Config, inert: Inert = inert) -> str:
     """The observation inserted after a query (the code's ``\\n\\n<information>{docs}</information>\\n\\n``)."""
     docs = format_docs(passages, config.observation_title_space, config.quote_titles, inert)
     return f"\n\n<information>{docs}</information>\n\n"
@@ -156,7 +160,7 @@ def invalid_action_feedback() -> str:
     return "\n\n" + load_prompt("s3_invalid_action") + "\n"
 
 
-def generator_context(passages: list[Passage], inert: Inert = escape_observation) -> str:
+def generator_context(passages: list[Passage], inert: Inert = inert) -> str:
     """The generator's context string, as the code builds it: ``Doc n (Title: t)\\ntext\\n\\n`` per document
     (titles and texts through ``inert``: no passage can open a chat turn in the generator's prompt)."""
     return "".join(f"Doc {n} (Title: {inert(p.title)})\n{inert(p.text)}\n\n" for n, p in enumerate(passages, 1))
@@ -174,7 +178,7 @@ def task_question(example: Example, config: S3Config) -> str:
     return question
 
 
-def searcher_prompt(question: str, initial: list[Passage], config: S3Config, inert: Inert = escape_observation) -> str:
+def searcher_prompt(question: str, initial: list[Passage], config: S3Config, inert: Inert = inert) -> str:
     """The searcher's user message (§3.2) with the initial documents pasted in."""
     template = load_prompt("s3_searcher")
     if config.bm25_query_note:
