@@ -108,6 +108,8 @@ def test_relevance_exact_overlap_disjoint(relevance: str, expected: float) -> No
         ("[3.5]", {3}, 0.0),  # 3.5 overlaps nothing
         ("[1, null]", {1}, 0.0),  # sorted() cannot order None and 1: the reference's except scores 0
         ('[1, "a"]', {1}, 0.0),  # int vs str: unorderable, 0 (not 0.5)
+        ("[]", set(), 1.0),  # no supporting reference: the empty selection equals it, as in the reference
+        ("[1]", set(), 0.0),
         ("[[1]]", {1}, 0.0),  # a list element is unhashable
         ("null", {1}, 0.0),
         ('"1"', {1}, 0.0),  # a JSON string iterates as characters, which never equal ints

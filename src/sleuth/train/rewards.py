@@ -184,11 +184,10 @@ def arena_relevance_reward(completion: str, gold_ids: Iterable[int]) -> float:
     1.0 when the sets are equal (``[3, 1, 1]``, ``[1.0, 3.0]`` and ``[true]`` for gold ``{1}`` included: ``True ==
     1``); 0.5 for any other non-empty overlap, supersets (``[1,5,7]`` vs ``{1,5}``), subsets and non-integral
     extras (``[1.5, 1]`` vs ``{1}``) included; 0.0 for disjoint, empty or unreadable selections (what the reference
-    code's ``except`` scores). An empty ``gold_ids`` scores 0.0 (the reference would pay 1.0 for ``[]``;
-    relevance cannot be rewarded without a ground truth, and ARENA's data always has one)."""
+    code's ``except`` scores). With no supporting reference (empty ``gold_ids``) ``[]`` scores 1.0 and anything
+    else 0.0, as in the reference; sleuth's ARENA training data leaves such questions out
+    (:func:`sleuth.train.arena_rl.load_arena_examples`)."""
     gold = sorted({int(i) for i in gold_ids})
-    if not gold:
-        return 0.0
     predicted = reference_relevance(completion)
     if predicted is None:
         return 0.0
