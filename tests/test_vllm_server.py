@@ -238,6 +238,7 @@ def test_start_talk_and_aclose_leaves_nothing(home: Path, fake_python: str) -> N
         assert facts["env"]["VLLM_USE_AOT_COMPILE"] == "0"
         assert facts["env"]["VLLM_CPU_OMP_THREADS_BIND"] == vs.cpu_bind(1)
         assert facts["env"]["VLLM_CACHE_ROOT"] == str(home / "home" / "vllm" / "cache")
+        assert facts["env"]["TORCHINDUCTOR_CACHE_DIR"] == str(home / "home" / "vllm" / "cache" / "torchinductor")
         assert server.log_path.parent == home / "home" / "vllm" / "logs"
         assert "fake vllm: starting my-model" in server.log_path.read_text()
         group = _group_members(server.pid)

@@ -13,8 +13,8 @@ repository sleuth runs from), the current interpreter if it can import vllm. It 
 writes the server's output to ``$SLEUTH_HOME/vllm/logs/`` (the path is printed and named in every error), waits for
 ``GET /health`` with a progress line on stderr every 15 s, then sends requests through the ``openai`` backend
 (:class:`~sleuth.llm.openai_compat.OpenAICompatLLM`; this class is one, so anything that takes an ``openai:`` server
-takes a ``vllm:`` one). vLLM's compile cache is kept in ``$SLEUTH_HOME/vllm/cache`` (``VLLM_CACHE_ROOT``), so only
-the first start of a configuration compiles.
+takes a ``vllm:`` one). vLLM's compile caches are kept in ``$SLEUTH_HOME/vllm/cache`` (``VLLM_CACHE_ROOT`` and
+``TORCHINDUCTOR_CACHE_DIR``), so only the first start of a configuration compiles.
 
 The server lives as long as the backend: :meth:`VLLMServerLLM.aclose` (or :meth:`~VLLMServerLLM.close`) stops it,
 and so do the normal end of the process, an exception, Ctrl-C and SIGTERM. It runs under a small supervisor
@@ -285,6 +285,8 @@ class ServerConfig:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.setdefault("VLLM_CACHE_ROOT", str(cache_dir()))
+        # with AOT compile off (the CPU default) compiled kernels go to TorchInductor's own cache, in /tmp by default
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "torchinductor"))
         if self.enable_lora:
             env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
         if self.on_cpu:
