@@ -265,6 +265,30 @@ def test_two_servers_get_two_ports(home: Path, fake_python: str) -> None:
     assert not first.server.running() and not second.server.running()
 
 
+def test_a_port_taken_before_the_server_binds_it_is_replaced(
+    home: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    picks = iter([taken])
+    real_free_port = vs.free_port
+    monkeypatch.setattr(vs, "free_port", lambda host="127.0.0.1": next(picks, None) or real_free_port(host))
+    try:
+        llm = load_llm(f"vllm:m?python={fake_python}")
+    finally:
+        squatter.close()
+    try:
+        assert llm.server.port != taken and chat(llm, "x") == "echo: x"
+        logs = sorted((home / "home" / "vllm" / "logs").glob(f"*-{taken}.log"))
+        assert len(logs) == 1 and "address already in use" in logs[0].read_text().lower()
+    finally:
+        llm.close()
+
+
 def test_a_server_that_dies_at_start_is_reported_with_its_log(
     home: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -383,6 +407,8 @@ def test_attach_uses_a_running_server_and_leaves_it_running(served: str) -> None
     assert (named.model, named.concurrency) == ("shared-model", 3)
     with pytest.raises(LLMError, match=r"does not serve 'other'.*shared-model"):
         load_llm(f"vllm:other?url={served}")
+    with pytest.raises(LLMError, match="tensor_parallel.*starts none"):
+        load_llm(f"vllm:?url={served}&tensor_parallel=2")
 
 
 def test_serve_llm_runs_in_the_foreground_until_sigterm(home: Path, fake_python: str) -> None:

@@ -307,7 +307,10 @@ def _stop_all() -> None:
 
 
 def _on_sigterm(signum: int, _frame: Any) -> None:
-    _stop_all()
+    # only signal here: a stop() already waiting in this thread (atexit) must not be re-entered; the supervisors
+    # finish the job, and exiting runs the atexit stop
+    for server in list(_LIVE):
+        server.terminate()
     raise SystemExit(128 + signum)
 
 
@@ -420,6 +423,13 @@ class VLLMServer:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def terminate(self) -> None:
+        """Send SIGTERM to the server's process group and return at once (the supervisor escalates)."""
+        process = self.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
+
     def stop(self, grace: float | None = None) -> None:
         """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds; idempotent."""
         grace = STOP_GRACE_S if grace is None else grace
@@ -445,11 +455,23 @@ class VLLMServer:
         return {"pid": self.pid, "url": self.base_url, "log": str(self.log_path), "command": self.command}
 
 
-def start_server(config: ServerConfig, *, progress: TextIO | None = None) -> VLLMServer:
-    """Start a server for ``config`` and return it once healthy."""
-    server = VLLMServer(config, progress=progress)
-    server.start()
-    return server
+def start_server(config: ServerConfig, *, progress: TextIO | None = None, attempts: int = 3) -> VLLMServer:
+    """Start a server for ``config`` and return it once healthy.
+
+    A free port can be taken by another process between the moment it is picked and the moment vLLM binds it; a
+    server that fails because its port was taken is started again on another one (when no ``port`` was asked for).
+    """
+    for attempt in range(attempts):
+        server = VLLMServer(config, progress=progress)
+        try:
+            server.start()
+            return server
+        except LLMError:
+            taken = "address already in use" in server.log_tail().lower()
+            if config.port or not taken or attempt + 1 == attempts:
+                raise
+            server.progress.write(f"vllm: port {server.port} was taken meanwhile; trying another\n")
+    raise AssertionError("unreachable")
 
 
 def serve_foreground(config: ServerConfig, out: TextIO | None = None) -> None:
@@ -596,6 +618,9 @@ def make_vllm_llm(target: str, options: dict[str, str]) -> VLLMServerLLM:
     if unknown:
         raise LLMError(f"unknown vllm spec option(s) {unknown}; known: {[*_SERVER_OPTIONS, *_CLIENT_OPTIONS]}")
     if options.get("url"):
+        ignored = sorted(set(options) & set(_SERVER_OPTIONS) - {"url"})
+        if ignored:
+            raise LLMError(f"vllm spec options {ignored} configure a server sleuth starts; with url= it starts none")
         base_url = _attach_url(options["url"])
         served = _models(base_url)
         model = target or (served[0] if served else "")
