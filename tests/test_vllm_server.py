@@ -531,6 +531,44 @@ def test_real_vllm_sleuth_ask_matches_hf_and_stops_its_server() -> None:
     assert [pid for pid in _pids_with_argument(f"--port {port}") if alive(pid)] == []
 
 
+def _descendants(root: int) -> list[int]:
+    """Every live process below ``root`` by parent pid (so a process that left the group would still be found)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_bytes().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in found}
+        found |= frontier
+    return sorted(p for p in found if alive(p))
+
+
+@pytest.mark.vllm
+def test_real_vllm_leaves_no_process_after_kill_9_of_sleuth() -> None:
+    require_real_vllm()
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLEUTH_SCRIPT, f"vllm:default?python={VLLM_PYTHON}", "wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        launcher = json.loads(process.stdout.readline())["launcher"]
+        below = _descendants(process.pid)
+        assert launcher in below and len(below) >= 3  # launcher, API server, engine core (and its worker)
+        process.kill()
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert wait_gone(below, within=30) == []
+
+
 def _pids_with_argument(text: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
