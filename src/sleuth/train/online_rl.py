@@ -43,6 +43,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -82,6 +83,9 @@ class DataParallel:
                 # generous: process 0 alone caches the s3 naive-RAG baseline while the others wait at a barrier
                 timeout = datetime.timedelta(hours=4)
                 dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+                # torn down before the interpreter's own teardown: a group left to C++ static destruction can abort
+                # the process ("terminate called without an active exception") after the run has finished
+                atexit.register(_destroy_process_group)
             if torch.cuda.is_available():
                 torch.cuda.set_device(self.local_rank)
 
@@ -152,6 +156,13 @@ class DataParallel:
         yield
         if self.main:
             self.barrier()
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @dataclass
