@@ -7,6 +7,13 @@ cheaper on a compute-bound CPU, so ``sequential / prefill floor`` bounds the rat
 
     python benchmarks/bench_runner.py                 # 32 questions, naive_rag, k=5, SmolLM2 on CPU
     python benchmarks/bench_runner.py --k 1 --n 32     # shorter prompts: decoding dominates
+
+With ``--vllm SPEC`` (a ``vllm:`` or ``openai:`` spec) it compares engines instead (issue 18), four arms alternating
+``--repeats`` times, medians reported: one prompt at a time through the hf backend, the runner on hf, the runner
+on the vLLM server, and raw vLLM (the runner's own prompts sent all at once over plain HTTP, no sleuth), with the
+answer agreement of every arm against the first::
+
+    python benchmarks/bench_runner.py --vllm vllm:default --out docs/results/bench_engines.json
 """
 
 from __future__ import annotations
@@ -66,7 +73,12 @@ def main() -> None:
     parser.add_argument("--index", default=None, help="retriever spec (default: bundled wiki BM25)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--vllm", default=None, help="compare engines: hf vs this vllm:/openai: server (4 arms)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the four arms (--vllm only)")
     args = parser.parse_args()
+    if args.vllm:
+        engines(args)
+        return
 
     retriever = load_retriever(args.index)
     llm = load_llm(args.llm)
@@ -122,6 +134,109 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+async def _raw(served, prompts: list[list[dict[str, str]]], sampling: Sampling) -> tuple[float, list[str]]:
+    """All prompts at once to the server's chat endpoint with plain httpx: what the engine does without sleuth."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(prompts), max_keepalive_connections=len(prompts))
+    async with httpx.AsyncClient(timeout=3600, limits=limits, trust_env=False) as client:
+
+        async def one(messages: list[dict[str, str]]) -> str:
+            body = {
+                "model": served.model,
+                "messages": messages,
+                "temperature": 0.0,
+                "max_tokens": sampling.max_new_tokens,
+            }
+            response = await client.post(f"{served.base_url}/chat/completions", json=body)
+            response.raise_for_status()
+            return response.json()["choices"][0]["message"]["content"] or ""
+
+        started = time.perf_counter()
+        texts = await asyncio.gather(*(one(m) for m in prompts))
+        return time.perf_counter() - started, list(texts)
+
+
+def engines(args: argparse.Namespace) -> None:
+    """The four arms of issue 18 in one process, alternating, medians of ``--repeats``."""
+    retriever = load_retriever(args.index)
+    hf = load_llm(args.llm)
+    served = load_llm(args.vllm)
+    sampling = Sampling(max_new_tokens=args.max_new_tokens)
+    config = NaiveRAGConfig(k=args.k, sampling=sampling) if args.method == "naive_rag" else DirectConfig(sampling)
+    examples = questions(retriever, args.n, args.seed)
+    contexts = {
+        name: Context(llm=llm, retriever=retriever, config=config) for name, llm in (("hf", hf), ("vllm", served))
+    }
+    for ctx in contexts.values():  # warm-up: first-call allocations, lazy imports, the server's first batch
+        asyncio.run(timed(args.method, examples[:2], ctx, 2))
+    arms = ["hf, one prompt at a time", "hf, sleuth runner", "vllm, sleuth runner", "vllm, raw (no sleuth)"]
+    seconds: dict[str, list[float]] = {arm: [] for arm in arms}
+    outputs: dict[str, list[str]] = {}
+    prompts: list[list[dict[str, str]]] = []
+    for _ in range(args.repeats):
+        for arm in arms:
+            if arm.startswith("vllm, raw"):
+                took, texts = asyncio.run(_raw(served, prompts, sampling))
+            else:
+                ctx = contexts[arm.split(",")[0]]
+                took, traces = asyncio.run(timed(args.method, examples, ctx, 1 if "one prompt" in arm else args.n))
+                llm_steps = [[step for step in t.steps if step.messages is not None] for t in traces]
+                assert all(len(steps) == 1 for steps in llm_steps), "one LLM call per question expected"
+                texts = [steps[0].output or "" for steps in llm_steps]
+                if arm == "vllm, sleuth runner" and not prompts:
+                    prompts = [steps[0].messages for steps in llm_steps]
+            seconds[arm].append(took)
+            outputs.setdefault(arm, texts)
+            print(f"{arm:<28}{took:>8.1f} s", flush=True)
+    reference = outputs[arms[0]]
+    rows = [
+        {
+            "arm": arm,
+            "median_s": round(_median(seconds[arm]), 2),
+            "runs_s": [round(x, 2) for x in seconds[arm]],
+            "s_per_question": round(_median(seconds[arm]) / len(examples), 3),
+            "same_outputs_as_first_arm": f"{sum(a == b for a, b in zip(outputs[arm], reference, strict=True))}"
+            f"/{len(examples)}",
+        }
+        for arm in arms
+    ]
+    median = {row["arm"]: row["median_s"] for row in rows}
+    result = {
+        "command": "python benchmarks/bench_runner.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "out"),
+        "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
+        "llm": hf.describe(),
+        "vllm": served.describe(),
+        "config": asdict(config),
+        "results": rows,
+        "runner_vllm_vs_raw_vllm_throughput": round(median[arms[3]] / median[arms[2]], 2),
+        "runner_vllm_vs_runner_hf_speedup": round(median[arms[1]] / median[arms[2]], 2),
+    }
+    print(f"{'arm':<28}{'median s':>10}{'s/q':>8}  same outputs")
+    for row in rows:
+        print(
+            f"{row['arm']:<28}{row['median_s']:>10.1f}{row['s_per_question']:>8.2f}"
+            f"  {row['same_outputs_as_first_arm']}"
+        )
+    print(
+        f"runner through vLLM: {result['runner_vllm_vs_raw_vllm_throughput']}x raw vLLM's throughput (target >= 0.8), "
+        f"{result['runner_vllm_vs_runner_hf_speedup']}x the hf runner (target >= 1.8)"
+    )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    close = getattr(served, "close", None)
+    if close:
+        close()
 
 
 if __name__ == "__main__":
