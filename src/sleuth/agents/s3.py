@@ -66,7 +66,8 @@ class S3Config:
 
     ``k_initial``: documents retrieved for the question itself (naive RAG, "Begin with Search"; k=3). ``k``:
     documents per searcher query (8). ``max_turns``: search-capable searcher replies (paper A.1: "maximum number
-    of turns to 4"; the code's ``max_turns=3`` runs 3+1 = 4), always followed by one final no-search reply.
+    of turns to 4"; the code's ``max_turns=3`` runs 3+1 = 4), always followed by one final no-search reply: the
+    reference's 8-3-3 run (its CLI ``max_turns=3``) is ``max_turns=4`` here, up to 4 searches and 5 replies.
     ``max_selected``: documents kept per ``<important_info>`` (the prompt's "up to 3", enforced; 0 keeps all valid
     ids as the code does). Ids number the documents of the most recent ``<information>`` block (1..its
     size); other ids are dropped and recorded as a fallback.
