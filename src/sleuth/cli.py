@@ -48,7 +48,7 @@ def _options(pairs: list[str] | None) -> dict[str, str]:
 def ask(
     question: Annotated[str, typer.Argument(help="The question (or claim) to answer.")],
     method: Annotated[str, typer.Option(help=METHODS_HELP)] = "naive_rag",
-    llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, or 'default'.")] = "default",
+    llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, vllm:PATH or 'default'.")] = "default",
     index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
     k: Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Generation budget per LLM call.")] = 64,
@@ -112,7 +112,7 @@ def eval_command(
     out: Annotated[Path, typer.Option(help="Run directory (re-running resumes it).")],
     format: Annotated[str | None, typer.Option(help="Dataset format, overriding detection.")] = None,
     limit: Annotated[int | None, typer.Option(help="First N examples of each file.")] = None,
-    llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, or 'default'.")] = "default",
+    llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, vllm:PATH or 'default'.")] = "default",
     index: Annotated[str | None, typer.Option(help="Retriever spec or index dir (default: bundled wiki).")] = None,
     open_mode: Annotated[
         bool, typer.Option("--open", help="Search each dataset's own paragraphs, pooled into a BM25 index.")
@@ -381,6 +381,9 @@ def serve_retriever(
     ] = None,
     max_topk: Annotated[int, typer.Option(help="Largest topk a request may ask for.")] = 100,
     no_batching: Annotated[bool, typer.Option(help="Search each query alone (for comparisons).")] = False,
+    body_timeout: Annotated[
+        float, typer.Option(help="Seconds a request body may take to arrive after its headers (then 408).")
+    ] = 10.0,
 ) -> None:
     """Serve an index with Search-R1's contract: POST /retrieve {queries, topk, return_scores}, GET /health."""
     from sleuth.retrieval import RetrievalError, load_retriever
@@ -388,7 +391,15 @@ def serve_retriever(
 
     try:
         retriever = load_retriever(None if index == "default" else index)
-        run_server(retriever, host=host, port=port, token_env=token_env, max_topk=max_topk, batching=not no_batching)
+        run_server(
+            retriever,
+            host=host,
+            port=port,
+            token_env=token_env,
+            max_topk=max_topk,
+            batching=not no_batching,
+            body_timeout=body_timeout,
+        )
     except RetrievalError as exc:
         _fail(str(exc))
 
