@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -96,6 +96,18 @@ class S3Config:
     (no space) in search observations; ``quote_titles`` keeps the wiki-18 corpus quotes around titles and
     ``observation_title_space`` adds the space back. ``bm25_query_note``: the code's extra prompt line for a BM25
     retriever. ``question_mark``: append "?" to QA questions that lack one (the code's preprocessing).
+
+    ``max_obs_tokens``: the code's ``max_obs_length`` (1400). Each observation the loop inserts (the whole
+    ``\n\n<information>..</information>\n\n`` string, or the invalid-action feedback), tokenized without special
+    tokens by the searcher's own tokenizer, keeps only its first ``max_obs_tokens`` tokens, so a cut block loses
+    its closing ``</information>`` as in the code. The block then holds only the documents the searcher saw (a
+    document cut inside its text keeps the visible part of it; one cut before its text is gone, so selecting it
+    is out of range), and the generator is served from those. Each cut is recorded on the searcher step
+    (``observation_truncated``, tokens removed). A backend without a local tokenizer (an OpenAI-compatible
+    server) cannot count tokens: nothing is cut and ``trace.meta["observation_cap"]`` says so. ``None``: no cap.
+    The code's other two limits are not applied: its rolling context (``max_prompt_length``, 8000, keeping the
+    most recent tokens) would cut the instruction first, and sleuth sends the whole conversation instead; its
+    stored-prompt cut (``max_start_length``) is the trainer's business (``max_episode_tokens``).
     """
 
     k_initial: int = 3
@@ -112,6 +124,7 @@ class S3Config:
     question_mark: bool = True
     tag_parsing: str = "strict"
     selection_order: str = "ascending"
+    max_obs_tokens: int | None = 1400
 
     def __post_init__(self) -> None:
         if self.generator_prompt not in GENERATOR_PROMPTS:
@@ -130,6 +143,8 @@ class S3Config:
             raise ValueError("S3Config.k_initial and k must be >= 1 and max_turns >= 0")
         if self.max_selected < 0:
             raise ValueError("S3Config.max_selected must be >= 0 (0: no cap)")
+        if self.max_obs_tokens is not None and self.max_obs_tokens < 1:
+            raise ValueError("S3Config.max_obs_tokens must be >= 1 (None: no cap)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -142,18 +157,79 @@ def format_docs(
 ) -> str:
     """Documents as the searcher sees them, one line each: ``Doc i (Title: "t") text\\n`` (titles and texts
     through ``inert``)."""
+    lines = (_doc_line(i, p, title_space, quote_titles, inert) for i, p in enumerate(passages, 1))
+    return "".join(f"{head}{body}\n" for head, body in lines)
+
+
+def _doc_line(i: int, p: Passage, title_space: bool, quote_titles: bool, inert: Inert) -> tuple[str, str]:
+    """Document ``i``'s line without its newline, as ``(head, body)``: ``Doc i (Title: "t") `` and the text."""
     space = " " if title_space else ""
-    lines = []
-    for i, p in enumerate(passages, 1):
-        title = f'"{p.title}"' if quote_titles else p.title
-        lines.append(f"Doc {i}{space}(Title: {inert(title)}) {inert(p.text)}\n")
-    return "".join(lines)
+    title = f'"{p.title}"' if quote_titles else p.title
+    return f"Doc {i}{space}(Title: {inert(title)}) ", inert(p.text)
+
+
+OBSERVATION_HEAD = "\n\n<information>"
 
 
 def observation_text(passages: list[Passage], config: S3Config, inert: Inert = inert) -> str:
     """The observation inserted after a query (the code's ``\\n\\n<information>{docs}</information>\\n\\n``)."""
     docs = format_docs(passages, config.observation_title_space, config.quote_titles, inert)
-    return f"\n\n<information>{docs}</information>\n\n"
+    return f"{OBSERVATION_HEAD}{docs}</information>\n\n"
+
+
+def cap_observation(text: str, tokenizer: Any, max_tokens: int) -> tuple[str, int]:
+    """``text`` cut to its first ``max_tokens`` tokens, and the number of tokens removed: the code's
+    ``max_obs_length`` cut (the string tokenized without special tokens, the head kept, so a cut block has no
+    ``</information>``). The cut falls between characters of ``text``: the kept text is a prefix of it (a
+    character whose bytes straddle the cut is dropped whole), so it never re-tokenizes to more than
+    ``max_tokens``."""
+    try:
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    except NotImplementedError:  # a slow tokenizer has no offsets: keep what the first tokens decode to
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= max_tokens:
+            return text, 0
+        return tokenizer.decode(ids[:max_tokens], clean_up_tokenization_spaces=False), len(ids) - max_tokens
+    if len(offsets) <= max_tokens:
+        return text, 0
+    end = min(offsets[max_tokens - 1][1], offsets[max_tokens][0])
+    kept = sum(1 for _, stop in offsets[:max_tokens] if stop <= end)
+    return text[:end], len(offsets) - kept
+
+
+def visible_passages(passages: list[Passage], shown: int, config: S3Config, inert: Inert = inert) -> list[Passage]:
+    """The documents of an observation whose first ``shown`` characters were inserted, as the searcher saw them:
+    whole lines kept, the document cut inside its text kept with the visible part of its text
+    (``meta["observation_truncated"]``), the rest (and a document cut before its text) dropped."""
+    at = len(OBSERVATION_HEAD)
+    visible: list[Passage] = []
+    for i, p in enumerate(passages, 1):
+        head, body = _doc_line(i, p, config.observation_title_space, config.quote_titles, inert)
+        room = shown - at - len(head)
+        if room <= 0:
+            break
+        if room >= len(body):
+            visible.append(p)
+        else:
+            text = _raw_prefix(p.text, body, room, inert)
+            visible.append(replace(p, text=text, meta={**p.meta, "observation_truncated": True}))
+            break
+        at += len(head) + len(body) + 1
+    return visible
+
+
+def _raw_prefix(raw: str, shown: str, room: int, inert: Inert) -> str:
+    """The longest prefix of ``raw`` whose inert form fits in ``room`` characters (``shown`` = inert(raw))."""
+    if shown == raw:
+        return raw[:room]
+    low, high = 0, len(raw)
+    while low < high:  # inert lengthens text (escapes), never shortens it: a binary search on the prefix length
+        middle = (low + high + 1) // 2
+        if len(inert(raw[:middle])) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    return raw[:low]
 
 
 def invalid_action_feedback() -> str:
@@ -431,7 +507,8 @@ def resolve_selection(numbers: list[int], n_docs: int, cap: int) -> tuple[list[i
 class Block:
     """One ``<information>`` block: the query that retrieved it (round 0: the question), its documents, the doc
     numbers the searcher kept in serving order (``None``: never tagged, so all are kept) and whether the searcher
-    stopped after it."""
+    stopped after it. ``visible``: the documents the searcher saw when ``max_obs_tokens`` cut the block (``None``:
+    not cut); numbers, selection and serving then refer to them."""
 
     query: str
     passages: list[Passage]
@@ -439,11 +516,17 @@ class Block:
     important_info: list[int] | None = None
     complete: bool = False
     error: str | None = None
+    visible: list[Passage] | None = None
+    tokens_removed: int = 0
+
+    @property
+    def shown(self) -> list[Passage]:
+        return self.passages if self.visible is None else self.visible
 
     def kept(self) -> list[Passage]:
         if self.selection is None:
-            return list(self.passages)
-        return [self.passages[n - 1] for n in self.selection]
+            return list(self.shown)
+        return [self.shown[n - 1] for n in self.selection]
 
 
 def served_documents(blocks: list[Block], order: str) -> tuple[list[Passage], int]:
@@ -451,7 +534,7 @@ def served_documents(blocks: list[Block], order: str) -> tuple[list[Passage], in
     dropped. ``order="selected_first"`` is the code's order (tagged blocks' picks, then untagged blocks whole)."""
     if order == "selected_first":
         sequence = [p for b in blocks if b.selection is not None for p in b.kept()]
-        sequence += [p for b in blocks if b.selection is None for p in b.passages]
+        sequence += [p for b in blocks if b.selection is None for p in b.shown]
     else:
         sequence = [p for b in blocks for p in b.kept()]
     seen: set[str] = set()
@@ -478,11 +561,48 @@ async def _search_round(ctx: Context, trace: Trace, query: str, config: S3Config
         return [], error
 
 
+class ObservationCap:
+    """``S3Config.max_obs_tokens`` applied with the searcher's own tokenizer, and its record in
+    ``trace.meta["observation_cap"]``: whether it could be applied, how many observations were cut and by how many
+    tokens in all."""
+
+    def __init__(self, llm: LLM, trace: Trace, max_tokens: int | None) -> None:
+        tokenizer = getattr(llm, "tokenizer", None)
+        self.tokenizer = tokenizer if callable(tokenizer) else None
+        self.max_tokens = max_tokens if self.tokenizer is not None else None
+        self.record: dict[str, Any] = {"max_obs_tokens": max_tokens, "applied": self.max_tokens is not None}
+        if max_tokens is not None and self.tokenizer is None:
+            self.record["reason"] = (
+                f"the searcher backend ({getattr(llm, 'spec', type(llm).__name__)}) has no local tokenizer "
+                "to count tokens with: observations were not capped"
+            )
+        else:
+            self.record.update(truncated=0, tokens_removed=0)
+        trace.meta["observation_cap"] = self.record
+
+    def apply(self, text: str) -> tuple[str, int, str | None]:
+        """``text`` as inserted, the tokens cut from it and a fallback name (``observation_truncated``, or
+        ``observation_cap_failed`` when the tokenizer raised and the text was kept whole)."""
+        if self.max_tokens is None:
+            return text, 0, None
+        try:
+            kept, removed = cap_observation(text, self.tokenizer, self.max_tokens)
+        except Exception as exc:  # an observation must reach the searcher, capped or not
+            self.record["error"] = f"{type(exc).__name__}: {exc}"
+            return text, 0, "observation_cap_failed"
+        if not removed:
+            return text, 0, None
+        self.record["truncated"] += 1
+        self.record["tokens_removed"] += removed
+        return kept, removed, "observation_truncated"
+
+
 async def run_searcher(
     ctx: Context, trace: Trace, prompt: str, blocks: list[Block], transcript: Transcript, config: S3Config
 ) -> bool:
     """The searcher's rounds over one growing assistant message; returns whether it said the search is complete."""
     llm = ctx.model()
+    cap = ObservationCap(llm, trace, config.max_obs_tokens)
     lenient = config.tag_parsing == "lenient"
     query_open = False
     complete = False
@@ -507,7 +627,7 @@ async def run_searcher(
             else:
                 block.important_info = turn.selection
                 selection, selection_fallbacks = resolve_selection(
-                    turn.selection, len(block.passages), config.max_selected
+                    turn.selection, len(block.shown), config.max_selected
                 )
                 block.selection = sorted(selection) if config.selection_order == "ascending" else selection
                 fallbacks += selection_fallbacks
@@ -524,12 +644,23 @@ async def run_searcher(
         elif turn.query:
             action = "search"
             passages, error = await _search_round(ctx, trace, turn.query, config)
-            transcript.observation(observation_text(passages, config, ctx.inert))
-            blocks.append(Block(query=turn.query, passages=passages, error=error))
+            observation, removed, cap_fallback = cap.apply(observation_text(passages, config, ctx.inert))
+            transcript.observation(observation)
+            blocks.append(Block(query=turn.query, passages=passages, error=error, tokens_removed=removed))
+            if removed:
+                blocks[-1].visible = visible_passages(passages, len(observation), config, ctx.inert)
+                step.meta["observation_tokens_removed"] = removed
+            if cap_fallback:
+                fallbacks.append(cap_fallback)
         else:
             action = "invalid"
             fallbacks.append("invalid_action")
-            transcript.observation(invalid_action_feedback())
+            feedback, removed, cap_fallback = cap.apply(invalid_action_feedback())
+            transcript.observation(feedback)
+            if removed:
+                step.meta["observation_tokens_removed"] = removed
+            if cap_fallback:
+                fallbacks.append(cap_fallback)
             query_open = True
 
         step.parsed = {
@@ -600,6 +731,9 @@ def render_s3(trace: Trace) -> RenderableType:
         node.add(Text(f"{len(r['retrieved_ids'])} retrieved, {len(kept)} kept ({how})", style="dim"))
         if r.get("error"):
             node.add(Text(f"search error: {r['error']}", style="red"))
+        if "visible_ids" in r:
+            seen = len(r["visible_ids"])
+            node.add(Text(f"observation cut by {r['tokens_removed']} tokens: {seen} documents seen", style="yellow"))
         for i, pid in enumerate(r["retrieved_ids"], 1):
             if pid in kept:
                 node.add(Text(f"Doc {i}: {titles.get(pid) or pid}", style="green"))
@@ -651,6 +785,11 @@ async def s3(example: Example, ctx: Context, trace: Trace) -> Trace:
                 "selection": "all" if b.selection is None else "tagged",
                 "search_complete": b.complete,
                 **({"error": b.error} if b.error else {}),
+                **(
+                    {"visible_ids": [p.id for p in b.visible], "tokens_removed": b.tokens_removed}
+                    if b.visible is not None
+                    else {}
+                ),
             }
             for i, b in enumerate(blocks)
         ]
