@@ -14,8 +14,10 @@ from sleuth.agents import Context, get_agent
 from sleuth.agents.base import load_prompt
 from sleuth.agents.s3 import (
     S3Config,
+    cap_observation,
     clean_reply,
     generator_context,
+    observation_text,
     parse_query,
     parse_reply,
     render_s3,
@@ -618,3 +620,167 @@ def test_planted_chat_tokens_in_passages_never_become_turns(tiny_model_dir: Path
         benign = [{"role": m["role"], "content": "x"} for m in messages]
         assert special_ids(hf, messages) == special_ids(hf, benign)  # only the chat template's own
         assert "[INST]" not in "".join(m["content"] for m in messages)
+
+
+# ------------------------------------------------------------------------------------------------ observation cap
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def n_tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+SELECT_3_5_DONE = "<important_info>[3, 5]</important_info><search_complete>True</search_complete>"
+
+
+def test_an_observation_over_the_cap_is_cut_to_exactly_the_cap(tiny_tokenizer: Any) -> None:
+    """The reference tokenizes the whole observation without special tokens and keeps its first max_obs_length
+    tokens: the closing tag goes, the searcher sees Docs 1-2 whole and Doc 3 in part, Doc 5 not at all."""
+    full = observation_text(docs_for("q1")[:8], S3Config())
+    cap = n_tokens(tiny_tokenizer, full[: full.index("text 3 for q1") + len("text 3")])
+    total = n_tokens(tiny_tokenizer, full)
+    ctx, searcher, generator, _ = setup([QUERY_1, SELECT_3_5_DONE], config=S3Config(max_obs_tokens=cap))
+    searcher.tokenizer = tiny_tokenizer  # type: ignore[attr-defined]
+    trace = run_one(ctx)
+
+    observation = trace.meta["transcript"][1]
+    assert observation["source"] == "observation" and full.startswith(observation["text"])
+    assert n_tokens(tiny_tokenizer, observation["text"]) == cap < total
+    assert "</information>" not in observation["text"] and "text 3" in observation["text"]
+    first, second = searcher_steps(trace)
+    assert first.fallback == "observation_truncated" and first.meta["observation_tokens_removed"] == total - cap
+    assert trace.meta["observation_cap"] == {
+        "max_obs_tokens": cap,
+        "applied": True,
+        "truncated": 1,
+        "tokens_removed": total - cap,
+    }
+    cut = trace.meta["rounds"][1]
+    assert cut["visible_ids"] == ["q1-1", "q1-2", "q1-3"] and cut["tokens_removed"] == total - cap
+    assert cut["retrieved_ids"] == [f"q1-{i}" for i in range(1, 9)]  # what the retriever returned stays recorded
+    # Doc 5 was never shown: selecting it is out of range; Doc 3 is served as far as the searcher read it
+    assert second.fallback == "selection_out_of_range" and cut["selected_ids"] == ["q1-3"]
+    served = {p["id"]: p["text"] for p in trace.meta["selected_passages"]}
+    assert served["q1-3"] and "text 3 for q1".startswith(served["q1-3"]) and served["q1-3"] != "text 3 for q1"
+    assert "text 3 for q1" not in generator.prompts[0] and "Doc 4 (Title: q1-3" not in generator.prompts[0]
+    # the s3 trainer replays these segments: it trains on the cut observation, not on the full one
+    from sleuth.train.s3_rl import trajectory_messages
+
+    messages = trajectory_messages(trace)
+    assert messages is not None and messages[1]["segments"][1] == observation
+    out = io.StringIO()
+    Console(file=out, width=140, color_system=None).print(render_s3(trace))
+    assert f"observation cut by {total - cap} tokens: 3 documents seen" in out.getvalue()
+
+
+def test_an_untagged_cut_block_serves_only_what_the_searcher_saw(tiny_tokenizer: Any) -> None:
+    full = observation_text(docs_for("q1")[:8], S3Config())
+    cap = n_tokens(tiny_tokenizer, full[: full.index("Doc 3(")])  # Docs 1-2 whole, then the cut
+    done = "<search_complete>True</search_complete>"
+    ctx, searcher, _, _ = setup([QUERY_1, done], config=S3Config(max_obs_tokens=cap))
+    searcher.tokenizer = tiny_tokenizer  # type: ignore[attr-defined]
+    trace = run_one(ctx)
+    assert trace.meta["rounds"][1]["visible_ids"] == ["q1-1", "q1-2"]
+    assert trace.meta["selected_ids"] == ["p1", "p2", "p3", "q1-1", "q1-2"]
+
+
+def test_an_observation_within_the_cap_is_untouched(tiny_tokenizer: Any) -> None:
+    ctx, searcher, _, _ = setup([QUERY_1, SELECT_QUERY_2, SELECT_DONE])  # the reference's 1400
+    searcher.tokenizer = tiny_tokenizer  # type: ignore[attr-defined]
+    trace = run_one(ctx)
+    observations = [s["text"] for s in trace.meta["transcript"] if s["source"] == "observation"]
+    assert observations == [observation_text(docs_for(q)[:8], S3Config()) for q in ("q1", "q2")]
+    assert trace.fallbacks == [] and "visible_ids" not in trace.meta["rounds"][1]
+    assert trace.meta["observation_cap"] == {
+        "max_obs_tokens": 1400,
+        "applied": True,
+        "truncated": 0,
+        "tokens_removed": 0,
+    }
+    # at the boundary: exactly the cap is kept whole, one token more loses one token
+    text = observations[0]
+    total = n_tokens(tiny_tokenizer, text)
+    assert cap_observation(text, tiny_tokenizer, total) == (text, 0)
+    kept, removed = cap_observation(text, tiny_tokenizer, total - 1)
+    assert removed == 1 and n_tokens(tiny_tokenizer, kept) == total - 1 and text.startswith(kept)
+
+
+def test_the_cut_never_splits_a_character_nor_exceeds_the_cap(tiny_tokenizer: Any) -> None:
+    """Byte-level tokens can end inside a character: the cut then drops that character whole (a prefix of the
+    text, at most the cap, the tokens removed counted exactly); on ASCII text every cap is met exactly."""
+    mixed = Passage(id="u", title="Café", text="Paris, café naïve 東京 Zürich " * 4)
+    plain = Passage(id="a", title="A", text="Paris is the capital of France. " * 6)
+    for passage, exact in ((mixed, False), (plain, True)):
+        text = observation_text([passage], S3Config())
+        total = n_tokens(tiny_tokenizer, text)
+        for cap in range(1, total):
+            kept, removed = cap_observation(text, tiny_tokenizer, cap)
+            shown = n_tokens(tiny_tokenizer, kept)
+            assert text.startswith(kept) and shown <= cap and removed == total - shown
+            assert shown == cap or not exact
+
+
+def test_without_a_tokenizer_the_trace_says_the_cap_was_not_applied() -> None:
+    long_docs = [Passage(id=f"L{i}", title=f"L{i}", text="word " * 2000) for i in range(1, 9)]
+    ctx, _, _, _ = setup([QUERY_1, SELECT_DONE], retrieve=lambda q: INITIAL if q == QUESTION else long_docs)
+    trace = run_one(ctx)  # ScriptedLLM, like an OpenAI-compatible server, has no local tokenizer
+    cap = trace.meta["observation_cap"]
+    assert cap["applied"] is False and cap["max_obs_tokens"] == 1400 and "no local tokenizer" in cap["reason"]
+    assert trace.meta["transcript"][1]["text"] == observation_text(long_docs, S3Config())
+    assert trace.fallbacks == []
+
+
+def test_the_cap_is_an_option_and_covers_the_invalid_action_feedback(tiny_tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="max_obs_tokens"):
+        S3Config(max_obs_tokens=0)
+    long_docs = [Passage(id=f"L{i}", title=f"L{i}", text="Paris is a city. " * 200) for i in range(1, 9)]
+    ctx, searcher, _, _ = setup(
+        [QUERY_1, SELECT_DONE],
+        retrieve=lambda q: INITIAL if q == QUESTION else long_docs,
+        config=S3Config(max_obs_tokens=None),
+    )
+    searcher.tokenizer = tiny_tokenizer  # type: ignore[attr-defined]
+    trace = run_one(ctx)
+    assert trace.meta["transcript"][1]["text"] == observation_text(long_docs, S3Config())
+    assert trace.meta["observation_cap"]["applied"] is False and trace.fallbacks == []
+
+    ctx, searcher, _, _ = setup(["no action here", SELECT_DONE], config=S3Config(max_obs_tokens=5))
+    searcher.tokenizer = tiny_tokenizer  # type: ignore[attr-defined]
+    trace = run_one(ctx)
+    feedback = trace.meta["transcript"][1]["text"]
+    assert n_tokens(tiny_tokenizer, feedback) == 5 and ("\n\n" + load_prompt("s3_invalid_action")).startswith(feedback)
+    assert searcher_steps(trace)[0].fallback == "invalid_action+observation_truncated"
+
+
+def test_a_failing_tokenizer_leaves_the_observation_whole_and_says_so() -> None:
+    class Broken:
+        def __call__(self, text: str, **kwargs: Any) -> Any:
+            raise ValueError("cannot encode")
+
+    ctx, searcher, _, _ = setup([QUERY_1, SELECT_DONE])
+    searcher.tokenizer = Broken()  # type: ignore[attr-defined]
+    trace = run_one(ctx)
+    assert trace.meta["transcript"][1]["text"] == observation_text(docs_for("q1")[:8], S3Config())
+    assert searcher_steps(trace)[0].fallback == "observation_cap_failed"
+    assert trace.meta["observation_cap"]["error"] == "ValueError: cannot encode"
+
+
+def test_the_hf_backend_caps_observations_with_its_own_tokenizer(tiny_model_dir: Path) -> None:
+    """The real hf backend on random weights: whatever it writes (a query or no valid action), every observation
+    inserted after it is capped by its tokenizer, and the trace counts each cut."""
+    from sleuth.llm.hf import HFLLM
+
+    hf = HFLLM(str(tiny_model_dir), device="cpu")
+    config = S3Config(max_turns=2, max_obs_tokens=3, sampling=Sampling(max_new_tokens=8, stop=("</query>",)))
+    ctx = Context(llm=hf, retriever=ListRetriever(default_retrieve), config=config, roles={"generator": hf})
+    trace = run_one(ctx)
+    observations = [s["text"] for s in trace.meta["transcript"] if s["source"] == "observation"]
+    assert observations and all(n_tokens(hf.tokenizer, text) <= 3 for text in observations)
+    cap = trace.meta["observation_cap"]
+    assert cap["applied"] is True and cap["truncated"] == len(observations) and cap["tokens_removed"] > 0
