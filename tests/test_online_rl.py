@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -632,6 +633,7 @@ class _LoraServer:
         self.history: dict[str, dict[str, Any]] = {}  # every adapter ever loaded, by name
         self.events: list[tuple[str, str, int]] = []  # (endpoint, name, status)
         self.completions: list[str] = []  # model name of each completion request
+        self.run_ids: set[str] = set()  # ServedPolicy's per-run id in the adapter names
         self.lock = threading.Lock()
         state = self
 
@@ -665,6 +667,7 @@ class _LoraServer:
         with self.lock:
             if path.endswith("/load_lora_adapter"):
                 name = body["lora_name"]
+                self.run_ids.add(name.split("-")[1])
                 status = 400 if name in self.loaded else 200
                 if status == 200:
                     tensors = load_file(str(Path(body["lora_path"]) / "adapter_model.safetensors"))
@@ -685,6 +688,10 @@ class _LoraServer:
                 return 200, {"choices": [choice], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
             return 404, {"error": {"message": f"no route {path}"}}
 
+    def plain(self, names: Any) -> list[str]:
+        """Adapter names without the run id (``policy-RUNID-step-00001`` -> ``policy-step-00001``)."""
+        return [re.sub(r"^policy-[0-9a-f]{8}-", "policy-", n) for n in names]
+
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
@@ -701,21 +708,24 @@ def test_rollouts_from_a_server_that_reloads_the_lora_adapter_every_step(tmp_pat
         config = _config(tmp_path, tiny_model_dir, lora=True, lora_r=4, rollout_server=spec, steps=1)
         train_online(config, task, _examples())
         out = tmp_path / "rl"
-        assert server.completions == ["policy-step-00000"] * 6  # 2 questions x group 3, all from the adapter
-        initial = server.history["policy-step-00000"]
+        assert server.plain(server.completions) == ["policy-step-00000"] * 6  # 2 questions x group 3, the adapter
+        (first,) = server.history
+        initial = server.history[first]
         assert all(float(t.abs().max()) == 0.0 for k, t in initial.items() if "lora_B" in k)  # PEFT starts B at 0
         after_one = load_file(str(out / "checkpoint" / "policy" / "adapter_model.safetensors"))
         assert any(float(t.abs().max()) > 0 for k, t in after_one.items() if "lora_B" in k)  # the update moved B
 
         # resumed to three steps: step 1 samples from the weights of the checkpoint, step 2 replaces it
         train_online(dataclasses.replace(config, steps=3), task, _examples())
-        served = server.history["policy-step-00001"]
+        (resumed,) = [n for n in server.history if n != first and n.endswith("-step-00001")]
+        served = server.history[resumed]
         assert served.keys() == after_one.keys() and all(torch.equal(served[k], after_one[k]) for k in served)
-        assert server.completions[6:] == ["policy-step-00001"] * 6 + ["policy-step-00002"] * 6
-        assert ("unload", "policy-step-00001", 200) in server.events and "policy-step-00001" not in server.loaded
+        assert server.plain(server.completions[6:]) == ["policy-step-00001"] * 6 + ["policy-step-00002"] * 6
+        assert len(server.run_ids) == 2  # each run names its adapters with its own id
+        assert ("unload", resumed, 200) in server.events and resumed not in server.loaded
         assert sorted(p.name for p in (out / "served").iterdir()) == ["step-00002"]
-        assert ("unload", "policy-step-00000", 200) in server.events  # the first run's adapter, cleaned on resume
-        assert list(server.loaded) == ["policy-step-00002"]
+        assert ("unload", first, 200) in server.events  # the first run's adapter, cleaned on resume
+        assert server.plain(server.loaded) == ["policy-step-00002"]
     finally:
         server.close()
 
