@@ -655,12 +655,9 @@ def test_an_observation_over_the_cap_is_cut_to_exactly_the_cap(tiny_tokenizer: A
     assert "</information>" not in observation["text"] and "text 3" in observation["text"]
     first, second = searcher_steps(trace)
     assert first.fallback == "observation_truncated" and first.meta["observation_tokens_removed"] == total - cap
-    assert trace.meta["observation_cap"] == {
-        "max_obs_tokens": cap,
-        "applied": True,
-        "truncated": 1,
-        "tokens_removed": total - cap,
-    }
+    record = trace.meta["observation_cap"]
+    assert record["applied"] is True and record["max_obs_tokens"] == cap
+    assert record["truncated"] == 1 and record["tokens_removed"] == total - cap
     cut = trace.meta["rounds"][1]
     assert cut["visible_ids"] == ["q1-1", "q1-2", "q1-3"] and cut["tokens_removed"] == total - cap
     assert cut["retrieved_ids"] == [f"q1-{i}" for i in range(1, 9)]  # what the retriever returned stays recorded
@@ -697,12 +694,9 @@ def test_an_observation_within_the_cap_is_untouched(tiny_tokenizer: Any) -> None
     observations = [s["text"] for s in trace.meta["transcript"] if s["source"] == "observation"]
     assert observations == [observation_text(docs_for(q)[:8], S3Config()) for q in ("q1", "q2")]
     assert trace.fallbacks == [] and "visible_ids" not in trace.meta["rounds"][1]
-    assert trace.meta["observation_cap"] == {
-        "max_obs_tokens": 1400,
-        "applied": True,
-        "truncated": 0,
-        "tokens_removed": 0,
-    }
+    record = trace.meta["observation_cap"]
+    assert record["applied"] is True and record["max_obs_tokens"] == 1400
+    assert record["truncated"] == record["tokens_removed"] == record["beyond_reference_context"] == 0
     # at the boundary: exactly the cap is kept whole, one token more loses one token
     text = observations[0]
     total = n_tokens(tiny_tokenizer, text)
@@ -734,6 +728,11 @@ def test_without_a_tokenizer_the_trace_says_the_cap_was_not_applied() -> None:
     assert cap["applied"] is False and cap["max_obs_tokens"] == 1400 and "no local tokenizer" in cap["reason"]
     assert trace.meta["transcript"][1]["text"] == observation_text(long_docs, S3Config())
     assert trace.fallbacks == []
+    # the whole context is sent; a searcher context past the reference's 8,000-token window is counted
+    first, second = searcher_steps(trace)
+    assert first.prompt_tokens < 8000 < second.prompt_tokens == cap["longest_context"]
+    assert cap["beyond_reference_context"] == 1 and second.meta["beyond_reference_context"] is True
+    assert "beyond_reference_context" not in first.meta
 
 
 def test_the_cap_is_an_option_and_covers_the_invalid_action_feedback(tiny_tokenizer: Any) -> None:

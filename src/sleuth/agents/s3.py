@@ -56,6 +56,7 @@ SELECTION_ORDERS = ("ascending", "model")
 COMPLETE_VALUES = frozenset({"true", "yes", "1", "y"})  # the code's truthy set for <search_complete>
 NOT_COMPLETE_VALUES = frozenset({"false", "no", "0", "n"})
 QUERY_END = "</query>"
+REFERENCE_CONTEXT_TOKENS = 8000  # the code's max_prompt_length: its rolling context keeps the most recent tokens
 # The BM25 note goes right before the blank line that precedes this sentence (official make_prefix).
 _BM25_NOTE_ANCHOR = "\n\nFor a question and initial searched results:"
 
@@ -107,7 +108,9 @@ class S3Config:
     server) cannot count tokens: nothing is cut and ``trace.meta["observation_cap"]`` says so. ``None``: no cap.
     The code's other two limits are not applied: its rolling context (``max_prompt_length``, 8000, keeping the
     most recent tokens) would cut the instruction first, and sleuth sends the whole conversation instead; its
-    stored-prompt cut (``max_start_length``) is the trainer's business (``max_episode_tokens``).
+    stored-prompt cut (``max_start_length``) is the trainer's business (``max_episode_tokens``). The record counts
+    the searcher contexts (prompt tokens, as the backend reports them) longer than the code's window
+    (``beyond_reference_context``; ``longest_context``), where the reference's searcher would have read less.
     """
 
     k_initial: int = 3
@@ -578,7 +581,15 @@ class ObservationCap:
             )
         else:
             self.record.update(truncated=0, tokens_removed=0)
+        self.record.update(longest_context=0, beyond_reference_context=0)
         trace.meta["observation_cap"] = self.record
+
+    def context(self, step: Step) -> None:
+        """Count the searcher contexts longer than the reference's rolling window, which sleuth sends whole."""
+        self.record["longest_context"] = max(self.record["longest_context"], step.prompt_tokens)
+        if step.prompt_tokens > REFERENCE_CONTEXT_TOKENS:
+            self.record["beyond_reference_context"] += 1
+            step.meta["beyond_reference_context"] = True
 
     def apply(self, text: str) -> tuple[str, int, str | None]:
         """``text`` as inserted, the tokens cut from it and a fallback name (``observation_truncated``, or
@@ -612,6 +623,7 @@ async def run_searcher(
         final = turn_index == config.max_turns
         request, mode = searcher_request(llm, prompt, transcript.text)
         step, _ = await ctx.generate(trace, "searcher", request, config.sampling)
+        cap.context(step)
         stopped = stop_at_query_end and step.meta.get("finish_reason") == "stop"
         text, fallbacks = clean_reply(step.output or "", query_open, stopped, lenient)
         transcript.model(text)
