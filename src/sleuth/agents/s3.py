@@ -195,7 +195,10 @@ def cap_observation(text: str, tokenizer: Any, max_tokens: int) -> tuple[str, in
         return tokenizer.decode(ids[:max_tokens], clean_up_tokenization_spaces=False), len(ids) - max_tokens
     if len(offsets) <= max_tokens:
         return text, 0
-    end = min(offsets[max_tokens - 1][1], offsets[max_tokens][0])
+    start, end = offsets[max_tokens - 1]
+    following = offsets[max_tokens][0]
+    if start <= following < end:  # the next token starts inside this one's character: drop that character
+        end = following
     kept = sum(1 for _, stop in offsets[:max_tokens] if stop <= end)
     return text[:end], len(offsets) - kept
 
