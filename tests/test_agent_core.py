@@ -29,6 +29,14 @@ def test_configure_converts_types_and_reaches_nested_frozen_settings() -> None:
 
     ace = configure(AceSearcherConfig, {"final_max_new_tokens": "128", "decompose_max_new_tokens": "none"})
     assert ace.final_max_new_tokens == 128 and ace.decompose_max_new_tokens is None
+    # an ``int | None`` field that holds a number can be set to none (s3's max_obs_tokens: no cap)
+    from sleuth.agents.s3 import S3Config
+
+    assert S3Config().max_obs_tokens is not None
+    assert configure(S3Config, {"max_obs_tokens": "none"}).max_obs_tokens is None
+    assert configure(S3Config, {"max_obs_tokens": "64"}).max_obs_tokens == 64
+    with pytest.raises(ValueError, match="expected a int"):
+        configure(NaiveRAGConfig, {"k": "none"})  # k is a plain int: none is not a value
 
 
 @pytest.mark.parametrize(

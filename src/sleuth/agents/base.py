@@ -258,21 +258,26 @@ class Transcript:
 # -- method options from the command line (`--set k=3 --set sampling.temperature=0.7`) ----------------------------
 
 
-def _field_kind(owner: Any, name: str) -> type | None:
-    """The concrete type a field holds when its value is None (``int | None`` -> int), from its annotation."""
+def _field_kind(owner: Any, name: str) -> tuple[type | None, bool]:
+    """The concrete type a field holds besides None (``int | None`` -> int) and whether None is allowed, from its
+    annotation."""
     import typing
 
     try:
         hint = typing.get_type_hints(type(owner)).get(name)
     except Exception:  # unresolvable annotations: keep the string
-        return None
-    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    return next((a for a in (bool, int, float) if a in args), None)
+        return None, False
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    args = [a for a in args if a is not type(None)] or [hint]
+    return next((a for a in (bool, int, float) if a in args), None), optional
 
 
-def _coerce(raw: Any, current: Any, key: str, kind: type | None = None) -> Any:
+def _coerce(raw: Any, current: Any, key: str, kind: type | None = None, optional: bool = False) -> Any:
     if not isinstance(raw, str):
         return raw
+    if optional and raw.lower() in ("none", "null"):  # `--set max_obs_tokens=none` on an `int | None` field
+        return None
     if current is None:
         if raw.lower() in ("none", "null", ""):
             return None
@@ -328,7 +333,7 @@ def configure(config_cls: type, options: dict[str, Any] | None = None) -> Any:
         if leaf not in names:
             known = ", ".join(sorted(f.name for f in dataclasses.fields(config)))
             raise ValueError(f"unknown option {key!r} for {config_cls.__name__} (options: {known})")
-        value = _coerce(raw, getattr(target, leaf), key, _field_kind(target, leaf))
+        value = _coerce(raw, getattr(target, leaf), key, *_field_kind(target, leaf))
         # frozen dataclasses (Sampling) are rebuilt bottom-up with dataclasses.replace
         for owner, name in zip(reversed(owners), reversed([*path, leaf]), strict=True):
             if owner.__dataclass_params__.frozen:
