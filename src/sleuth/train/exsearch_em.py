@@ -35,6 +35,14 @@ documents and the finalization instruction are masked (``-100``), see :func:`wei
 :mod:`sleuth.train.tokens`. The official trainer's weighting (NLL / sum NLL within a micro-batch, which favours the
 *worst* trajectories, §4.9) is not reproduced.
 
+Sampling and evaluation run on ``engine`` (``hf``, ``vllm`` or a ``vllm:{model}?...`` template, as in
+:mod:`sleuth.train.mdpo`: a vLLM server sleuth starts on θ(t), kept from θ(t)'s dev evaluation, stopped before the
+M-step). Scoring (``best_of`` and the weights) stays on the ``hf:`` backend of θ(t) with ``llm_options``: vLLM's
+``score`` goes through ``/v1/completions`` with echoed prompt log-probabilities, which takes a formatted prompt
+string, not the chat messages the weights are defined on (:class:`EngineAndScorer`). With ``best_of > 1`` both are
+loaded during the E-step (on a GPU give the server room: ``gpu_memory_utilization`` in the engine spec); with
+``best_of = 1`` the server is stopped before the scorer loads. ``estep.json`` records which engine sampled.
+
 After each M-step θ(t+1) answers the dev questions greedily (EM / F1); training stops early when dev EM has not
 improved for ``patience`` iterations and ``best_model`` in the summary names the best one.
 
@@ -122,7 +130,9 @@ class EMConfig:
     index: str = ""
     train_limit: int | None = None  # E-step questions per iteration (None: all)
     dev_limit: int | None = 100  # dev questions for early stopping (0: none, then no early stopping)
-    llm_options: str = ""
+    llm_options: str = ""  # options of the hf: backend (sampling and evaluation with engine=hf; scoring always)
+    # sampling/evaluation engine: "hf", "vllm" (a server on each iteration's model) or a spec with "{model}"
+    engine: str = "hf"
     agent: ExSearchConfig = field(default_factory=ExSearchConfig)  # evaluation uses it as is (greedy)
     concurrency: int = 64
     # Warm-up [paper §4.5: 1,000 GPT-4o-written HotpotQA trajectories; here FireAct ReAct + synthetic gold]
@@ -173,6 +183,9 @@ class EMConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.agent.tags not in TAG_SETS:
             raise ValueError(f"agent.tags={self.agent.tags!r}; expected one of {sorted(TAG_SETS)}")
+        from sleuth.train.mdpo import engine_spec
+
+        engine_spec(self, Path("MODEL"))
 
     def rollout_agent(self) -> ExSearchConfig:
         sampling = dataclasses.replace(self.agent.sampling, temperature=self.temperature, top_p=self.top_p)
@@ -497,6 +510,48 @@ class BestOfLLM(LLM):
             "mean_logprob_kept": self._kept_logprob / finite if finite else None,
             "mean_logprob_first_sample": self._first_logprob / finite if finite else None,
         }
+
+
+class EngineAndScorer(LLM):
+    """Generates with ``engine`` (a vLLM server) and scores with an ``hf:`` backend made by ``load_scorer`` on the
+    first :meth:`score` (so a run that never scores while sampling does not hold both). :meth:`stop_engine` stops
+    the server once sampling is done; :meth:`close` releases both."""
+
+    def __init__(self, engine: LLM, load_scorer: Callable[[], LLM]) -> None:
+        super().__init__()
+        self.engine: LLM | None = engine
+        self.load_scorer = load_scorer
+        self.scorer: LLM | None = None
+        self.spec = engine.spec
+        self.engine_info = engine.describe()
+
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        if self.engine is None:
+            raise RuntimeError("the sampling engine was stopped")
+        return await self.engine.generate(requests, sampling)
+
+    async def score(self, prompt: Any, completion: str) -> Any:
+        if self.scorer is None:
+            self.scorer = self.load_scorer()
+        return await self.scorer.score(prompt, completion)
+
+    def special_tokens(self) -> tuple[str, ...]:
+        return self.engine.special_tokens() if self.engine is not None else super().special_tokens()
+
+    def stop_engine(self) -> None:
+        from sleuth.train.mdpo import close_llm
+
+        if self.engine is not None:
+            close_llm(self.engine)
+            self.engine = None
+
+    def close(self) -> None:
+        self.stop_engine()
+        self.scorer = None
+
+    def describe(self) -> dict[str, Any]:
+        scorer = self.scorer.describe() if self.scorer is not None else None
+        return {**self.engine_info, "scorer": scorer}
 
 
 def best_of_sampler(llm: LLM, best_of: int, sampling: Sampling) -> tuple[LLM, dict[str, Any]]:
@@ -920,8 +975,16 @@ def train_exsearch(
     retriever: Retriever | None = None,
 ) -> dict[str, Any]:
     """Warm-up then EM iterations (module doc); returns the summary also written to ``OUT/summary.json``."""
+    from sleuth.llm import load_llm
     from sleuth.retrieval import load_retriever
-    from sleuth.train.mdpo import _default_llm_factory, _free_memory, _resolve_model, _seed, prepare_data
+    from sleuth.train.mdpo import (
+        Engines,
+        _default_llm_factory,
+        _resolve_model,
+        engine_record,
+        prepare_data,
+        serves,
+    )
 
     config.validate()
     out = Path(config.output_dir)
@@ -933,21 +996,50 @@ def train_exsearch(
     factory = llm_factory or _default_llm_factory(config)  # type: ignore[arg-type]
     policy = _resolve_model(config.model)
     history: list[dict[str, Any]] = []
+    split = serves(config) and llm_factory is None  # sample on the engine's server, score on hf
+    # a server on a model just evaluated samples the E-step that follows on the same model
+    engines = Engines(factory, keep=split)
 
-    def dev_eval(model_dir: Path, path: Path) -> dict[str, Any]:
+    def dev_eval(model_dir: Path, path: Path, keep: bool) -> dict[str, Any]:
         if path.exists():
             return json.loads(path.read_text())
         if not dev:
             return {"n": 0, "em": None}
-        llm = factory(model_dir)
+        llm = engines.open(model_dir)
         result = evaluate(dev, llm, retriever, config.agent, path.with_suffix(".traces.jsonl"), config.concurrency)
+        result["engine"] = engine_record(llm)
+        engines.release(model_dir, llm, keep)
         del llm
-        _free_memory()
         result = {k: v for k, v in result.items() if k != "per_example_em"}
         _write_json(path, result)
         return result
 
-    base_dev = dev_eval(policy, out / "dev_base.json")
+    def scorer_for(model_dir: Path) -> Callable[[], LLM]:
+        return lambda: load_llm(f"hf:{model_dir}" + (f"?{config.llm_options}" if config.llm_options else ""))
+
+    try:
+        return _em(config, train, dev, retriever, policy, history, engines, dev_eval, scorer_for, split)
+    finally:
+        engines.close()
+
+
+def _em(
+    config: EMConfig,
+    train: list[Example],
+    dev: list[Example],
+    retriever: Retriever,
+    policy: Path,
+    history: list[dict[str, Any]],
+    engines: Any,
+    dev_eval: Callable[[Path, Path, bool], dict[str, Any]],
+    scorer_for: Callable[[Path], Callable[[], LLM]],
+    split: bool,
+) -> dict[str, Any]:
+    from sleuth.train.mdpo import _free_memory, _seed, close_llm, engine_record
+
+    out = Path(config.output_dir)
+
+    base_dev = dev_eval(policy, out / "dev_base.json", not config.warmup and config.iterations > 0)
     summary: dict[str, Any] = {"base": {"model": str(policy), "dev": base_dev}}
     if config.warmup:
         stage = out / "warmup"
@@ -963,7 +1055,7 @@ def train_exsearch(
             _seed(config.seed)
             train_weighted(records, policy, stage, config, config.warmup_lr, config.warmup_epochs)
         policy = stage / "model"
-        summary["warmup"] = {"model": str(policy), "dev": dev_eval(policy, stage / "dev.json")}
+        summary["warmup"] = {"model": str(policy), "dev": dev_eval(policy, stage / "dev.json", config.iterations > 0)}
     best = {"model": str(policy), "em": (summary.get("warmup") or summary["base"])["dev"].get("em")}
     stale = 0
     for t in range(config.iterations):
@@ -978,7 +1070,9 @@ def train_exsearch(
             if not weighted.exists():
                 started = time.perf_counter()
                 rollout_agent = config.rollout_agent()
-                llm = factory(policy)
+                engine = engines.open(policy)
+                sampling_engine = engine_record(engine)
+                llm = EngineAndScorer(engine, scorer_for(policy)) if split else engine
                 sampler, best_of = best_of_sampler(llm, config.best_of, rollout_agent.sampling)
                 producer = {
                     "method": METHOD,
@@ -1001,18 +1095,23 @@ def train_exsearch(
                 if isinstance(sampler, BestOfLLM):
                     best_of.update(sampler.report())
                 seconds["sampling"] = time.perf_counter() - started
+                if isinstance(llm, EngineAndScorer):
+                    llm.stop_engine()  # before the scorer loads (when best_of did not load it already)
                 started = time.perf_counter()
                 records, info = build_weighted_records(store, llm, config)
                 seconds["weights"] = time.perf_counter() - started
-                del llm, ctx, sampler
+                close_llm(llm)
+                del llm, engine, ctx, sampler
                 _free_memory()
                 _write_jsonl(weighted, records)
-                _write_json(it / "estep.json", {**info, "best_of": best_of, "seconds": seconds})
+                estep = {**info, "best_of": best_of, "sampling_engine": sampling_engine, "seconds": seconds}
+                _write_json(it / "estep.json", estep)
             records = _read_jsonl(weighted)
             info = json.loads((it / "estep.json").read_text())
             seconds = dict(info.get("seconds", {}))  # a run killed during the M-step keeps its E-step timings
             _log(config, f"iteration {t}: M-step on {len(records)} weighted trajectories ({config.weighting})")
             _seed(config.seed + t)
+            engines.close()  # no server holds memory or cores while the M-step trains
             train_stats = train_weighted(records, policy, it, config)
             seconds["training"] = train_stats["seconds"]
             stats = {
@@ -1021,13 +1120,14 @@ def train_exsearch(
                 "model": str(model_dir),
                 "weighting": config.weighting,
                 "best_of": info.get("best_of"),
+                "sampling_engine": info.get("sampling_engine"),
                 "trajectories": weight_stats(records),
                 "degenerate": info.get("degenerate", {}),
                 "m_step": train_stats,
                 "seconds": seconds,
             }
             _write_json(stats_path, stats)
-        stats["dev"] = dev_eval(model_dir, it / "dev.json")
+        stats["dev"] = dev_eval(model_dir, it / "dev.json", t + 1 < config.iterations)
         _write_json(stats_path, stats)
         history.append(stats)
         policy = model_dir

@@ -30,6 +30,13 @@ Paper: Xu et al., *AceSearcher*, NeurIPS 2025 (arXiv 2509.24193), §4.2-§4.3 an
    term (``nll_weight``, LLaMA-Factory ``pref_ftx``) and LoRA (merged after training). Checkpoints resume.
 5. **Evaluate** the new model greedily on dev questions (EM), write ``OUT/iter{t}/stats.json``.
 
+Sampling and evaluation run on ``engine``: ``hf`` (default; the ``hf:`` backend with ``llm_options``, loaded per
+stage), ``vllm`` (a vLLM server sleuth starts on the iteration's model directory: θ(t) for sampling, θ(t+1) for the
+evaluation, which then also samples iteration t+1 on the same server; the server is stopped before DPO trains, so
+the trainer has the memory and the cores), or a spec template with ``{model}``
+(``vllm:{model}?tensor_parallel=2&max_model_len=8192``). LoRA models are merged after training, so the server always
+loads plain weights. ``stats.json`` records the engine that sampled (``sampling_engine``) and evaluated.
+
 Output layout (an iteration whose ``model`` directory exists is skipped on a rerun)::
 
     OUT/config.json
@@ -121,6 +128,8 @@ class MDPOConfig:
     train_limit: int | None = None  # training questions used per iteration (None: all)
     dev_limit: int | None = 100  # dev questions for the per-iteration EM (0: no evaluation)
     llm_options: str = ""  # options of the hf: backend for sampling and evaluation ("device=cpu&threads=2")
+    # sampling/evaluation engine: "hf", "vllm" (a server on each iteration's model) or a spec with "{model}"
+    engine: str = "hf"
     agent: AceSearcherConfig = field(default_factory=AceSearcherConfig)  # evaluation uses it as is (greedy)
     # Sampling [paper §4.3, App. F.2]; the rollouts use `agent` with this temperature / top_p.
     decompositions: int = 3  # m
@@ -189,6 +198,7 @@ class MDPOConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError("warmup_ratio must be in [0, 1)")
+        engine_spec(self, Path("MODEL"))
         self.agent.validate()
 
     def rollout_agent(self) -> AceSearcherConfig:
@@ -905,13 +915,83 @@ def prepare_data(config: MDPOConfig, need_index: bool = True) -> tuple[list[Exam
     )
 
 
-def _default_llm_factory(config: MDPOConfig) -> Callable[[Path], LLM]:
+def engine_spec(config: Any, path: Path) -> str:
+    """The LLM spec that samples and evaluates with the model in ``path``: ``config.engine`` is ``hf`` (the ``hf:``
+    backend with ``config.llm_options``), ``vllm`` (``vllm:PATH``, a server sleuth starts and stops) or a template
+    with ``{model}``. Raises ValueError for anything else."""
+    engine = (getattr(config, "engine", "") or "hf").strip()
+    if engine == "hf":
+        return f"hf:{path}" + (f"?{config.llm_options}" if config.llm_options else "")
+    if engine == "vllm":
+        engine = "vllm:{model}"
+    if "{model}" not in engine or ":" not in engine.partition("{model}")[0]:
+        raise ValueError(f"engine={engine!r}; expected 'hf', 'vllm' or a spec with {{model}} ('vllm:{{model}}?...')")
+    return engine.replace("{model}", str(path))
+
+
+def serves(config: Any) -> bool:
+    """Whether ``config.engine`` starts a server per model (so a model used twice in a row keeps its server)."""
+    return (getattr(config, "engine", "") or "hf").strip() != "hf"
+
+
+def _default_llm_factory(config: Any) -> Callable[[Path], LLM]:
     from sleuth.llm import load_llm
 
     def factory(path: Path) -> LLM:
-        return load_llm(f"hf:{path}" + (f"?{config.llm_options}" if config.llm_options else ""))
+        return load_llm(engine_spec(config, path))
 
     return factory
+
+
+def close_llm(llm: LLM) -> None:
+    """Stop the server an engine started (``vllm:``; nothing for the others), then free the model's memory."""
+    close = getattr(llm, "close", None)
+    if callable(close):
+        close()
+    _free_memory()
+
+
+class Engines:
+    """Opens the LLM of a model directory with ``factory``; with ``keep``, an LLM released with ``keep=True`` stays
+    open for the next :meth:`open` of the same directory (a server is not restarted on the same weights), and is
+    closed as soon as another directory is opened, or by :meth:`close`."""
+
+    def __init__(self, factory: Callable[[Path], LLM], keep: bool) -> None:
+        self.factory = factory
+        self.keep = keep
+        self.held: tuple[Path, LLM] | None = None
+        self.opened: list[Path] = []  # the directories the factory was asked for
+
+    def open(self, path: Path) -> LLM:
+        if self.held is not None:
+            held_path, llm = self.held
+            self.held = None
+            if held_path == path:
+                return llm
+            close_llm(llm)
+        self.opened.append(Path(path))
+        return self.factory(path)
+
+    def release(self, path: Path, llm: LLM, keep: bool = False) -> None:
+        if keep and self.keep:
+            self.held = (Path(path), llm)
+        else:
+            close_llm(llm)
+
+    def close(self) -> None:
+        if self.held is not None:
+            close_llm(self.held[1])
+            self.held = None
+
+
+def engine_record(llm: LLM) -> dict[str, Any]:
+    """Which engine a stage ran on, for the stats: the backend, its spec or model, and the server it used."""
+    info = llm.describe()
+    record = {k: info[k] for k in ("backend", "spec", "model", "base_url", "path") if info.get(k) is not None}
+    server = info.get("server")
+    if isinstance(server, dict):
+        record["server"] = {k: server[k] for k in ("url", "log", "attached") if k in server}
+    return record
 
 
 def _free_memory() -> None:
@@ -967,6 +1047,25 @@ def train_mdpo(
     policy = _resolve_model(config.model)
     rollout_agent = config.rollout_agent()
     iterations: list[dict[str, Any]] = []
+    # a server-backed engine keeps the evaluation's server on θ(t+1) for iteration t+1's sampling
+    engines = Engines(factory, keep=serves(config) and llm_factory is None)
+    try:
+        return _iterate(config, train, dev, retriever, policy, rollout_agent, iterations, engines)
+    finally:
+        engines.close()
+
+
+def _iterate(
+    config: MDPOConfig,
+    train: list[Example],
+    dev: list[Example],
+    retriever: Retriever,
+    policy: Path,
+    rollout_agent: AceSearcherConfig,
+    iterations: list[dict[str, Any]],
+    engines: Engines,
+) -> dict[str, Any]:
+    out = Path(config.output_dir)
     for t in range(1, config.iterations + 1):
         it = out / f"iter{t}"
         it.mkdir(exist_ok=True)
@@ -991,7 +1090,8 @@ def train_mdpo(
         stats: dict[str, Any] = {"iteration": t, "policy": str(policy), "reference": str(policy)}
         if not model_dir.exists():
             started = time.perf_counter()
-            llm = factory(policy)
+            llm = engines.open(policy)
+            stats["sampling_engine"] = engine_record(llm)
             _seed(config.seed * 1000 + t)
             _log(config, f"iteration {t}: sampling {len(train)} questions with {policy}")
             new = sample_rollouts(
@@ -1011,8 +1111,8 @@ def train_mdpo(
                 initial = evaluate_dev(dev, llm, retriever, config.agent, traces_file, config.concurrency)
                 _write_json(it / "dev_initial.json", initial)
                 seconds["eval_initial"] = time.perf_counter() - started
+            engines.release(policy, llm, False)  # before DPO: the trainer gets the memory and the cores
             del llm
-            _free_memory()
         started = time.perf_counter()
         pairs, pair_stats = build_pairs(store, config)
         write_pairs(it / "pairs.jsonl", pairs)
@@ -1023,15 +1123,17 @@ def train_mdpo(
             train_stats = json.loads((it / "train_metrics.json").read_text())
         else:
             _log(config, f"iteration {t}: DPO on {len(pairs)} pairs (reference = {policy})")
+            engines.close()  # no server holds memory or cores while DPO trains
             train_stats = train_dpo(config, policy, pairs, it)
             seconds["training"] = train_stats["seconds"]
         started = time.perf_counter()
         dev_stats: dict[str, Any] = {"n": 0, "em": None}
         if dev:
-            llm = factory(model_dir)
+            llm = engines.open(model_dir)
+            stats["eval_engine"] = engine_record(llm)
             dev_stats = evaluate_dev(dev, llm, retriever, config.agent, it / "dev_traces.jsonl", config.concurrency)
+            engines.release(model_dir, llm, t < config.iterations)  # the next iteration samples with this model
             del llm
-            _free_memory()
         seconds["eval"] = time.perf_counter() - started
         stats.update(
             model=str(model_dir),

@@ -1,0 +1,293 @@
+"""Trainers sampling through vLLM: mDPO and the ExSearch E-step on a server per model (``engine``), and the RL
+trainers' LoRA adapter served by a real vLLM (``ServedPolicy``).
+
+The wiring tests run the stand-in ``vllm`` package of ``tests/test_vllm_server.py`` (a real HTTP server started
+through sleuth's launcher that echoes its prompt), so which server was started on which model, when it was stopped
+and what the run recorded are checked in seconds. Tests marked ``vllm`` run the real vLLM of ``.venv-vllm`` and are
+skipped, with the reason, when it is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sleuth.agents.acesearcher import AceSearcherConfig
+from sleuth.llm import LLMError, Request, Sampling
+from sleuth.llm import vllm_server as vs
+from sleuth.train import exsearch_em, mdpo
+from tests.scripted import ListRetriever, passages
+from tests.test_vllm_server import FAKE_SERVER, VLLM_PYTHON, _pids_with_argument, alive, require_real_vllm
+
+
+@pytest.fixture(scope="module")
+def fake_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An "interpreter with vLLM": this Python with the stand-in ``vllm`` package first on its path."""
+    root = tmp_path_factory.mktemp("fakevllm")
+    package = root / "site" / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for level in (package, package.parent, package.parent.parent):
+        (level / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(FAKE_SERVER)
+    python = root / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "site"}" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SLEUTH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLEUTH_VLLM_PYTHON", raising=False)
+    return tmp_path / "home"
+
+
+def started_servers() -> list[tuple[str, int]]:
+    """(model, port) of every server sleuth started under this SLEUTH_HOME, from the first line of its log."""
+    found = []
+    for log in sorted(vs.log_dir().glob("vllm-*.log"), key=lambda p: p.stat().st_ctime_ns):
+        words = log.read_text().splitlines()[0].split()
+        found.append((words[words.index("--model") + 1], int(words[words.index("--port") + 1])))
+    return found
+
+
+def no_server_running(*_: Any) -> None:
+    live = [server.describe() for server in list(vs._LIVE) if server.running()]
+    assert live == [], f"a vLLM server runs while the trainer trains: {live}"
+
+
+def test_engine_spec_and_its_validation(tmp_path: Path) -> None:
+    config = mdpo.MDPOConfig(llm_options="threads=1")
+    assert mdpo.engine_spec(config, tmp_path) == f"hf:{tmp_path}?threads=1"
+    config.engine = "vllm"
+    assert mdpo.engine_spec(config, tmp_path) == f"vllm:{tmp_path}"
+    config.engine = "vllm:{model}?tensor_parallel=2"
+    assert mdpo.engine_spec(config, tmp_path) == f"vllm:{tmp_path}?tensor_parallel=2"
+    for bad in ("vllm:MODEL", "{model}", "sglang"):
+        with pytest.raises(ValueError, match="engine"):
+            dataclasses.replace(config, engine=bad).validate()
+        with pytest.raises(ValueError, match="engine"):
+            exsearch_em.EMConfig(engine=bad).validate()
+
+
+def test_mdpo_samples_and_evaluates_on_a_server_started_on_each_iterations_model(
+    tmp_path: Path, tiny_model_dir: Path, fake_python: str, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_mdpo import _run_config
+
+    real = mdpo.train_dpo
+
+    def train_alone(*args: Any, **kwargs: Any) -> Any:
+        no_server_running()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mdpo, "train_dpo", train_alone)
+    config = _run_config(tmp_path, tiny_model_dir, decompositions=1, solutions=2, train_limit=2, dev_limit=1)
+    config.engine = f"vllm:{{model}}?python={fake_python}&startup_timeout=120"
+    config.agent = AceSearcherConfig(k=1, max_subquestions=2)
+    mdpo.train_mdpo(config, retriever=ListRetriever(passages("Ann was born in Paris.")))
+
+    run = tmp_path / "run"
+    iter1, iter2 = run / "iter1" / "model", run / "iter2" / "model"
+    servers = started_servers()
+    # θ(1) samples and is evaluated on one server; θ(2) is evaluated and samples iteration 2 on the next; θ(3) last
+    assert [model for model, _ in servers] == [str(tiny_model_dir), str(iter1), str(iter2)]
+    stats = [json.loads((run / f"iter{t}" / "stats.json").read_text()) for t in (1, 2)]
+    ports = [f":{port}/v1" for _, port in servers]
+    assert stats[0]["sampling_engine"]["backend"] == "VLLMServerLLM"
+    assert stats[0]["sampling_engine"]["model"] == str(tiny_model_dir)
+    assert stats[0]["sampling_engine"]["base_url"].endswith(ports[0])
+    assert stats[0]["eval_engine"]["model"] == str(iter1) and stats[0]["eval_engine"]["base_url"].endswith(ports[1])
+    assert stats[1]["sampling_engine"] == stats[0]["eval_engine"]  # the same server, not restarted
+    assert stats[1]["eval_engine"]["model"] == str(iter2)
+    assert stats[0]["rollouts"] == 2 * 1 * 2
+    traces = (run / "iter1" / "rollouts" / "rollouts.jsonl").read_text()
+    assert "echo: " in traces  # the rollouts are the server's answers
+    assert not list(vs._LIVE)
+    assert [p for _, port in servers for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
+
+
+def test_exsearch_samples_on_the_server_and_scores_on_hf(
+    tmp_path: Path, tiny_model_dir: Path, fake_python: str, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_exsearch_em import _loop_config
+
+    real = exsearch_em.train_weighted
+
+    def train_alone(*args: Any, **kwargs: Any) -> Any:
+        no_server_running()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exsearch_em, "train_weighted", train_alone)
+    config = _loop_config(tmp_path, tiny_model_dir, iterations=1, warmup=False, train_limit=2, dev_limit=1)
+    config = dataclasses.replace(config, engine=f"vllm:{{model}}?python={fake_python}&startup_timeout=120")
+    summary = exsearch_em.train_exsearch(config)
+
+    out = tmp_path / "run"
+    servers = started_servers()
+    assert [model for model, _ in servers] == [str(tiny_model_dir), str(out / "iter0" / "model")]
+    estep = json.loads((out / "iter0" / "estep.json").read_text())
+    base = json.loads((out / "dev_base.json").read_text())
+    assert estep["sampling_engine"]["backend"] == "VLLMServerLLM"
+    assert estep["sampling_engine"] == base["engine"]  # the base model's evaluation server sampled the E-step
+    # best-of ranks the server's candidates with the hf scorer: the stand-in server cannot score at all
+    assert estep["best_of"]["applied"] and estep["best_of"]["scored"] > 0
+    assert estep["best_of"]["mean_logprob_kept"] is not None and math.isfinite(estep["best_of"]["mean_logprob_kept"])
+    rollouts = (out / "iter0" / "rollouts" / "rollouts.jsonl").read_text()
+    assert "echo: " in rollouts
+    stats = json.loads((out / "iter0" / "stats.json").read_text())
+    assert stats["sampling_engine"] == estep["sampling_engine"]
+    assert summary["iterations"][0]["dev"]["engine"]["model"] == str(out / "iter0" / "model")
+    assert not list(vs._LIVE)
+    assert [p for _, port in servers for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
+
+
+# -------------------------------------------------------------------- the real vLLM
+
+
+LORA_PROMPTS = [
+    "What is the capital of France?",
+    "Who wrote Romeo and Juliet?",
+    "Name a primary color.",
+    "What is 12 times 7?",
+]
+
+
+class OneProcess:
+    world, rank, main = 1, 0, True
+
+    def gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def barrier(self) -> None:
+        pass
+
+
+def lora_policy(seed: int) -> Any:
+    """SmolLM2 with a rank-8 LoRA on q/v whose B is random (PEFT starts B at 0, which would change nothing)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from sleuth.assets import default_model_dir
+
+    base = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    model = get_peft_model(base, lora)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    return model.eval()
+
+
+def generate(llm: Any, prompts: list[str], tokens: int = 24) -> tuple[list[str], float]:
+    started = time.perf_counter()
+    out = asyncio.run(llm.generate([Request.chat(p) for p in prompts], Sampling(max_new_tokens=tokens)))
+    return [g.text for g in out], time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real vLLM server on the embedded SmolLM2 with runtime LoRA, started by ServedPolicy from a vllm: spec."""
+    require_real_vllm()
+    from sleuth.train.served_policy import ServedPolicy
+
+    started = time.monotonic()
+    spec = f"vllm:default?python={VLLM_PYTHON}&enable_lora=1&max_lora_rank=8"
+    served = ServedPolicy(spec, tmp_path_factory.mktemp("served"), OneProcess())
+    sys.stderr.write(f"\nreal vLLM server with LoRA ready in {time.monotonic() - started:.0f} s\n")
+    yield served
+    server = served.template.server
+    served.close()
+    assert not server.running()
+
+
+@pytest.mark.vllm
+def test_real_vllm_serves_the_published_adapter_as_hf_merged_and_forgets_the_previous(lora_server: Any) -> None:
+    import copy
+
+    from transformers import AutoTokenizer
+
+    from sleuth.assets import default_model_dir
+    from sleuth.llm.hf import HFLLM
+    from sleuth.llm.openai_compat import OpenAICompatLLM
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    t = lora_server.template
+    base_llm = OpenAICompatLLM(t.model, t.base_url, timeout=600, max_retries=0)
+    base, base_s = generate(base_llm, LORA_PROMPTS)
+
+    policy = lora_policy(seed=1)
+    started = time.perf_counter()
+    served = lora_server.publish(policy, 0)
+    load_s = time.perf_counter() - started
+    through_adapter, adapter_s = generate(served, LORA_PROMPTS)
+    merged = HFLLM.from_model(copy.deepcopy(policy).merge_and_unload(), tokenizer)
+    expected, hf_s = generate(merged, LORA_PROMPTS)
+    sys.stderr.write(
+        f"\nLoRA on vLLM: publish (save + load) {load_s:.2f} s; {len(LORA_PROMPTS)} prompts x 24 tokens: "
+        f"base {base_s:.2f} s, adapter {adapter_s:.2f} s, hf merged {hf_s:.2f} s\n"
+    )
+    assert through_adapter == expected
+    assert through_adapter != base  # the adapter changes the outputs, so equality above means something
+
+    first = served.model
+    second = lora_server.publish(lora_policy(seed=2), 1)
+    listed = vs._models(t.base_url)
+    assert second.model in listed and first not in listed
+    with pytest.raises(LLMError, match="404|does not exist|not found"):
+        generate(OpenAICompatLLM(first, t.base_url, timeout=60, max_retries=0), LORA_PROMPTS[:1], tokens=4)
+    assert generate(second, LORA_PROMPTS[:1], tokens=4)[0][0]
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+def test_real_vllm_samples_an_mdpo_iteration(tmp_path: Path) -> None:
+    """One mDPO iteration on 2 questions whose rollouts come from a real vLLM server on SmolLM2 (then stopped)."""
+    require_real_vllm()
+    from sleuth.assets import default_model_dir
+    from tests.test_mdpo import _write_examples
+
+    config = mdpo.MDPOConfig(
+        model="default",
+        output_dir=str(tmp_path / "run"),
+        train_file=_write_examples(tmp_path / "train.jsonl", 2, "t"),
+        dev_file=_write_examples(tmp_path / "dev.jsonl", 1, "d"),
+        dev_limit=0,
+        eval_initial=False,
+        decompositions=1,
+        solutions=2,
+        iterations=1,
+        batch_size=1,
+        per_device_batch_size=1,
+        max_steps=1,
+        warmup_ratio=0.0,
+        max_length=512,
+        progress=False,
+        engine=f"vllm:{{model}}?python={VLLM_PYTHON}",
+        agent=AceSearcherConfig(
+            k=1, max_subquestions=2, decompose_max_new_tokens=32, subanswer_max_new_tokens=8, final_max_new_tokens=8
+        ),
+    )
+    started = time.perf_counter()
+    mdpo.train_mdpo(config, retriever=ListRetriever(passages("Ann was born in Paris. Paris is in France.")))
+    stats = json.loads((tmp_path / "run" / "iter1" / "stats.json").read_text())
+    sys.stderr.write(
+        f"\nmDPO iteration through vLLM: {time.perf_counter() - started:.0f} s, seconds {stats['seconds']}\n"
+    )
+    engine = stats["sampling_engine"]
+    assert engine["backend"] == "VLLMServerLLM" and engine["model"] == str(default_model_dir())
+    assert stats["rollouts"] == 2 * 1 * 2 and stats["failed_runs"] == 0
+    assert not list(vs._LIVE)
+    port = engine["base_url"].rsplit(":", 1)[1].split("/")[0]
+    assert [p for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
