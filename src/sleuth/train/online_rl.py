@@ -211,6 +211,11 @@ class RLConfig:
     lora_alpha: int = 32
     lora_target: str = "all-linear"
     dtype: str = "auto"  # auto: bf16 on a GPU that supports it, else fp32
+    # several processes: "none" (each holds full replicas, gradients summed by hand) or "fsdp" (PyTorch FSDP2
+    # fully_shard per transformer block + root for the policy, reference and separate critic; module doc, Scaling in
+    # docs/training.md). With one process both are the same run.
+    sharding: Literal["none", "fsdp"] = "none"
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (policy and critic)
     # rollouts from a vLLM server that reloads the LoRA adapter every step (sleuth.train.served_policy)
     rollout_server: str = ""  # openai:BASE_MODEL@URL; empty: transformers generate from the live policy
     rollout_adapter_dir: str = ""  # where the adapters are written for the server to read (default OUT/served)
@@ -236,6 +241,17 @@ class RLConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 2:
             raise ValueError("max_episode_tokens must be >= 2 (or null: no limit)")
+        if self.sharding not in ("none", "fsdp"):
+            raise ValueError(f"sharding={self.sharding!r}; expected 'none' or 'fsdp'")
+        if self.sharding == "fsdp":
+            unsupported = {
+                "lora": self.lora,  # a LoRA policy's trainable part is small: replicas (sharding: none) suffice
+                "critic shared_head": self.algorithm == "ppo" and self.critic == "shared_head",
+                "rollout_server": bool(self.rollout_server),
+            }
+            named = [name for name, on in unsupported.items() if on]
+            if named:
+                raise ValueError(f"sharding: fsdp does not support {', '.join(named)} yet; use sharding: none")
         if self.rollout_server and not self.lora:
             raise ValueError(
                 "rollout_server needs lora: true (the server reloads the LoRA adapter each step; full weights have "
@@ -289,20 +305,26 @@ class _Models:
     on the policy's last hidden state, a second parameter group of the policy's optimizer. Value heads start at zero
     (every first value is 0) and run in float32."""
 
-    def __init__(self, config: RLConfig, path: Path, resume: Path | None, device: Any) -> None:
+    def __init__(self, config: RLConfig, path: Path, resume: Path | None, device: Any, sharded: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device
-        if config.dtype == "auto":
-            bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        self.sharded = sharded
+        bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        mixed = None
+        if sharded and config.dtype == "auto":  # fp32 master weights, bf16 compute (FSDP mixed precision)
+            dtype = torch.float32
+            mixed = torch.bfloat16 if bf16 else None
+        elif config.dtype == "auto":
             dtype = torch.bfloat16 if bf16 else torch.float32
         else:
             dtype = getattr(torch, config.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        source = resume / "policy" if resume is not None and not config.lora else path
+        # a sharded checkpoint is loaded into the sharded models below, not through from_pretrained
+        source = resume / "policy" if resume is not None and not config.lora and not sharded else path
         self.policy = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(self.device)
         hidden = self.policy.config.hidden_size
         self.reference = None
@@ -321,14 +343,31 @@ class _Models:
                 self.value_head.load_state_dict(torch.load(resume / "value_head.pt", weights_only=True))
             groups.append({"params": list(self.value_head.parameters()), "lr": config.critic_learning_rate})
         elif config.algorithm == "ppo":
-            self.critic = _critic(config, path, resume / "critic" if resume is not None else None, dtype, self.device)
+            saved = resume / "critic" if resume is not None and not sharded else None
+            self.critic = _critic(config, path, saved, dtype, self.device)
+        if config.gradient_checkpointing:
+            kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+            self.policy.gradient_checkpointing_enable(**kwargs)
+            if self.critic is not None:
+                self.critic["backbone"].gradient_checkpointing_enable(**kwargs)
+        if sharded:
+            _fully_shard(self.policy, mixed)
+            if self.reference is not None:
+                _fully_shard(self.reference, mixed)
+            if self.critic is not None:
+                _fully_shard(self.critic["backbone"], mixed)
+                _fully_shard(self.critic["head"], None)  # the value head stays in float32
+            groups[0]["params"] = [p for p in self.policy.parameters() if p.requires_grad]  # now DTensor shards
+        if self.critic is not None:
             params = [p for p in self.critic.parameters() if p.requires_grad]
             self.critic_optimizer = torch.optim.AdamW(params, lr=config.critic_learning_rate, weight_decay=0.0)
-            if resume is not None:
+            if resume is not None and not sharded:
                 state = torch.load(resume / "critic_optimizer.pt", weights_only=True)
                 self.critic_optimizer.load_state_dict(state)
         self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
-        if resume is not None:
+        if resume is not None and sharded:
+            self._load_sharded(resume / "sharded")
+        elif resume is not None:
             self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", weights_only=True))
         self.actor_lr = config.learning_rate
         self.critic_lr = config.critic_learning_rate
@@ -385,10 +424,52 @@ class _Models:
             return []
         return [p for g in self.critic_optimizer.param_groups for p in g["params"]]
 
-    def save_checkpoint(self, directory: Path, step: int, config: RLConfig) -> None:
+    def _sharded_state(self) -> dict[str, Any]:
+        """What a sharded checkpoint holds: each model's and optimizer's state as DTensor shards (no process holds
+        the whole); torch.distributed.checkpoint writes and reads them in place, any process count."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        policy, optimizer = get_state_dict(self.policy, self.optimizer)
+        state = {"policy": policy, "optimizer": optimizer}
+        if self.critic is not None and self.critic_optimizer is not None:
+            state["critic"], state["critic_optimizer"] = get_state_dict(self.critic, self.critic_optimizer)
+        return state
+
+    def _load_sharded(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._sharded_state()
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(
+            self.policy, self.optimizer, model_state_dict=state["policy"], optim_state_dict=state["optimizer"]
+        )
+        if self.critic is not None and self.critic_optimizer is not None:
+            set_state_dict(
+                self.critic,
+                self.critic_optimizer,
+                model_state_dict=state["critic"],
+                optim_state_dict=state["critic_optimizer"],
+            )
+
+    def save_checkpoint(self, directory: Path, step: int, config: RLConfig, dist: DataParallel | None = None) -> None:
+        """Process 0 writes the checkpoint; sharded models: every process writes its shards (call on all)."""
         import torch
 
         partial = directory.with_name(directory.name + ".partial")
+        if self.sharded:
+            assert dist is not None
+            import torch.distributed.checkpoint as dcp
+
+            if dist.main:
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir(parents=True)
+            dist.barrier()
+            dcp.save(self._sharded_state(), checkpoint_id=str(partial / "sharded"))
+            dist.barrier()
+            if dist.main:
+                self._commit(partial, directory, step)
+            return
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         self.policy.save_pretrained(partial / "policy")
@@ -399,6 +480,11 @@ class _Models:
             self.critic["backbone"].save_pretrained(partial / "critic" / "backbone")
             torch.save(self.critic["head"].state_dict(), partial / "critic" / "value_head.pt")
             torch.save(self.critic_optimizer.state_dict(), partial / "critic_optimizer.pt")
+        self._commit(partial, directory, step)
+
+    def _commit(self, partial: Path, directory: Path, step: int) -> None:
+        import torch
+
         state = {"step": step, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state().tolist()}
         (partial / "state.json").write_text(json.dumps(state))
         old = directory.with_name(directory.name + ".old")
@@ -408,10 +494,92 @@ class _Models:
         partial.rename(directory)
         shutil.rmtree(old, ignore_errors=True)
 
-    def save_final(self, directory: Path, config: RLConfig) -> None:
-        model = self.policy.merge_and_unload() if config.lora else self.policy
+    def save_final(self, directory: Path, config: RLConfig, main: bool = True) -> None:
+        """The policy as a transformers directory (LoRA merged). Sharded: every process must call it (the full
+        weights are gathered to process 0's CPU memory, which writes them)."""
+        if not self.sharded:
+            if main:
+                model = self.policy.merge_and_unload() if config.lora else self.policy
+                model.save_pretrained(directory)
+                self.tokenizer.save_pretrained(directory)
+            return
+        import torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from transformers import AutoModelForCausalLM
+
+        full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not main:
+            return
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.policy.config)
+        model.load_state_dict(full, assign=True)
+        model.tie_weights()
         model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+    @contextlib.contextmanager
+    def gathered_policy(self) -> Iterator[None]:
+        """Sharded: the policy's full weights on every process for the block (rollouts: each process generates a
+        different number of tokens, so generation cannot all-gather per forward pass; costs one unsharded copy of
+        the policy per process while it lasts). Otherwise nothing."""
+        if not self.sharded:
+            yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        modules = [m for m in self.policy.modules() if isinstance(m, FSDPModule)]
+        for m in modules:
+            m.unshard()
+        self.policy.set_reshard_after_forward(False)
+        try:
+            yield
+        finally:
+            for m in modules:
+                m.reshard()
+            self.policy.set_reshard_after_forward(True)
+
+    def idle_pass(self, values: bool, policy: bool = True, backward: bool = False) -> None:
+        """A forward (and backward) on one padding token whose loss is zero: sharded models all-gather and
+        reduce-scatter in every pass, so a process with fewer micro-batches than another takes part this way."""
+        import torch
+
+        ids = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
+        attention = torch.ones_like(ids)
+        loss = torch.zeros((), device=self.device)
+        with contextlib.nullcontext() if backward else torch.no_grad():
+            # the order of the real passes (the collectives must line up): policy, critic, reference
+            if policy:
+                loss = loss + self.forward(ids, attention)[0].float().sum() * 0.0
+            if values and self.critic is not None:
+                loss = loss + self.values(ids, attention).sum() * 0.0
+            if policy and not backward:
+                self.forward(ids, attention, reference=True)
+        if backward:
+            loss.backward()
+
+
+def _fully_shard(model: Any, mixed: Any) -> None:
+    """FSDP2: each transformer block (the classes the model names in ``_no_split_modules``) its own unit, then the
+    rest at the root; gradients are summed, not averaged, over processes (every loss is already normalised by the
+    global token count)."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=mixed, reduce_dtype=None if mixed is None else _float32())
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if module is not model and type(module).__name__ in blocks:
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain sums (gloo has no pre-multiplied sum)
+
+
+def _float32() -> Any:
+    import torch
+
+    return torch.float32
 
 
 def _with_lora(model: Any, config: RLConfig, saved: Path | None) -> Any:
@@ -480,15 +648,28 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _rollout_stats(models: _Models, episodes: list[Episode], config: RLConfig) -> list[dict[str, Any]]:
+def _passes(models: _Models, dist: DataParallel | None, n: int) -> int:
+    """Idle passes this process adds to its ``n`` micro-batches so that every sharded process runs the same number
+    (0 unless sharded)."""
+    if not models.sharded or dist is None:
+        return 0
+    return max(dist.gather(n)) - n
+
+
+def _rollout_stats(
+    models: _Models, episodes: list[Episode], config: RLConfig, dist: DataParallel | None = None
+) -> list[dict[str, Any]]:
     """Per episode, with no gradient: old log-probs (the rollout policy), reference log-probs, values."""
     import torch
 
     from sleuth.train import rl
 
     out = []
+    chunks = _chunks(episodes, config.micro_batch)
+    for _ in range(_passes(models, dist, len(chunks))):
+        models.idle_pass(values=config.algorithm == "ppo")
     with torch.no_grad():
-        for chunk in _chunks(episodes, config.micro_batch):
+        for chunk in chunks:
             ids, attention, mask = _pad(chunk, models.tokenizer.pad_token_id, models.device)
             logits, values = models.forward(ids, attention, values=config.algorithm == "ppo")
             old = rl.token_logprobs(logits[:, :-1].float(), ids[:, 1:])
@@ -555,6 +736,12 @@ def _pad_rows(rows: Sequence[dict[str, Any]], key: str, width: int, device: Any)
     return out.to(device)
 
 
+def _full(norm: Any) -> float:
+    """A gradient norm as a float (over sharded parameters clip_grad_norm_ returns a DTensor; its value is the
+    norm of the whole gradient)."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
 def _update(
     models: _Models,
     episodes: list[Episode],
@@ -596,7 +783,10 @@ def _update(
             models.optimizer.zero_grad(set_to_none=True)
             if models.critic_optimizer is not None:
                 models.critic_optimizer.zero_grad(set_to_none=True)
-            for micro in _chunks(mini, config.micro_batch):
+            micros = _chunks(mini, config.micro_batch)
+            for _ in range(_passes(models, dist, len(micros))):
+                models.idle_pass(values=separate, policy=actor, backward=True)
+            for micro in micros:
                 chunk = [episodes[i] for i in micro]
                 rows = [stats[i] for i in micro]
                 ids, attention, _ = _pad(chunk, models.tokenizer.pad_token_id, models.device)
@@ -655,8 +845,9 @@ def _update(
                         logged[f"value_{k}"] += float(v) * token_share
                 loss.backward()
             if actor:
-                dist.sum_gradients(params)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))
+                if not models.sharded:  # FSDP reduce-scatters (sums) the gradients in the backward pass
+                    dist.sum_gradients(params)
+                grad_norms.append(_full(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))
                 models.optimizer.step()
             elif not separate:  # shared head in the critic's warm-up: the value loss may move only the head
                 for p in policy_params:
@@ -666,8 +857,9 @@ def _update(
                 critic_norms.append(float(torch.nn.utils.clip_grad_norm_(head, config.max_grad_norm)))
                 models.optimizer.step()
             if models.critic_optimizer is not None:
-                dist.sum_gradients(critic_params)
-                critic_norms.append(float(torch.nn.utils.clip_grad_norm_(critic_params, config.max_grad_norm)))
+                if not models.sharded:
+                    dist.sum_gradients(critic_params)
+                critic_norms.append(_full(torch.nn.utils.clip_grad_norm_(critic_params, config.max_grad_norm)))
                 models.critic_optimizer.step()
             count += 1
     # each process's terms are weighted by its share of the global mini-batch: their sum is the global mean
@@ -815,7 +1007,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     random.seed(config.seed + start)
     torch.manual_seed(config.seed + start)
     base = _resolve_model(config.model)
-    models = _Models(config, base, resume, dist.device())
+    models = _Models(config, base, resume, dist.device(), sharded=config.sharding == "fsdp" and dist.world > 1)
     llm = HFLLM.from_model(models.policy, models.tokenizer)
     served = None
     if config.rollout_server:
@@ -838,7 +1030,8 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         batch = _batch(examples, step, config.prompts_per_step, config.seed)[dist.rank :: dist.world]
         if served is not None:
             llm = served.publish(models.policy, step)
-        traces = _rollouts(task, llm, agent, batch, config, step, dist.rank)
+        with models.gathered_policy():
+            traces = _rollouts(task, llm, agent, batch, config, step, dist.rank)
         t_rollout = time.perf_counter() - t0
         episodes = task.episodes(traces)
         usable = [e for e in episodes if _tokenize(e, models.tokenizer, config.max_episode_tokens)]
@@ -876,7 +1069,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
             entry["actor_updated"] = actor
         if trained:  # the same decision on every process (from the gathered numbers)
             models.train()
-            stats = _rollout_stats(models, usable, config)
+            stats = _rollout_stats(models, usable, config, dist)
             entry.update(_advantages(usable, stats, config, dist))
             entry.update(_update(models, usable, stats, config, dist, actor=actor))
         entry["seconds"] = round(time.perf_counter() - t0, 2)
@@ -900,14 +1093,16 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
                 flush=True,
             )
         if (step + 1) % config.save_steps == 0 or step + 1 == config.steps:
-            if dist.main:  # the processes' weights are identical: one copy
+            if models.sharded:  # every process writes its shards
+                models.save_checkpoint(checkpoint, step + 1, config, dist)
+            elif dist.main:  # the processes' weights are identical: one copy
                 models.save_checkpoint(checkpoint, step + 1, config)
             dist.barrier()
     models.train(False)
     final = out / "model"
+    if start < config.steps or not (final / "config.json").exists():  # a run extended to more steps re-saves
+        models.save_final(final, config, main=dist.main)
     if dist.main:
-        if start < config.steps or not (final / "config.json").exists():  # a run extended to more steps re-saves
-            models.save_final(final, config)
         _plot(log, out / "curves.png")
     summary = {
         "model": str(final),

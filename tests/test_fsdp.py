@@ -1,0 +1,222 @@
+"""FSDP2 sharding of the online RL loop (``sharding: fsdp``), two gloo processes on CPU with a tiny random model:
+each process holds half of every model, the sharded update equals one process's on the whole batch (GRPO, and PPO
+with its separate critic), a killed run resumes from its sharded checkpoint to the same weights, and the exported
+policy loads with ``hf:``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sleuth.train.online_rl import RLConfig
+
+_SCRIPT = '''
+import json, os, sys
+from pathlib import Path
+from typing import Any
+
+from sleuth.agents import Context
+from sleuth.agents.baselines import DirectConfig
+from sleuth.llm import Sampling
+from sleuth.records import Example
+from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, _Models, train_online
+
+
+class FixedTask(Task):
+    """Episodes that do not depend on the sampled text: the update is a function of the batch alone."""
+
+    method = "direct"
+    calls = 0
+
+    def agent_config(self, config: RLConfig) -> Any:
+        return DirectConfig(sampling=Sampling(temperature=1.0, max_new_tokens=2))
+
+    def context(self, llm: Any, agent_config: Any) -> Context:
+        return Context(llm=llm, retriever=None, config=agent_config)
+
+    def episodes(self, traces: list) -> list:
+        FixedTask.calls += 1
+        if str(FixedTask.calls) == os.environ.get("DIE_AT_CALL"):
+            os._exit(3)  # killed: no clean-up, no final save
+        out = []
+        for trace in traces:
+            meta = trace.example.metadata["rl"]
+            answer = f"{trace.example.id} is number {meta['sample']}"
+            messages = [{"role": "user", "content": trace.example.question}, {"role": "assistant", "content": answer}]
+            reward = float((int(trace.example.id[1:]) + 2 * meta["sample"]) % 3)
+            out.append(Episode(group=meta["group"], messages=messages, reward=reward, components={"r": reward}))
+        return out
+
+
+config = RLConfig(**json.loads(sys.argv[1]))
+dist = DataParallel()
+if os.environ.get("COUNT_SHARDS") and dist.world > 1:
+    import torch
+
+    models = _Models(config, Path(config.model), None, torch.device("cpu"), sharded=True)
+    def local(module):
+        return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in module.parameters())
+    counts = {"policy": local(models.policy), "reference": local(models.reference)}
+    if models.critic is not None:
+        counts["critic"] = local(models.critic)
+    Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(config.output_dir) / f"shards-{dist.rank}.json").write_text(json.dumps(counts))
+    del models
+examples = [Example(id=f"q{i}", question=f"Who wrote book {i}?", answers=["Ann"]) for i in range(5)]
+train_online(config, FixedTask(), examples)
+'''
+
+_TWO = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def _config(tiny_model_dir: Path, out: Path, algorithm: str, **overrides: Any) -> RLConfig:
+    # 3 questions over 2 processes: one process has more micro-batches than the other (idle passes)
+    config = RLConfig(
+        model=str(tiny_model_dir),
+        output_dir=str(out),
+        algorithm=algorithm,  # type: ignore[arg-type]
+        steps=1,
+        prompts_per_step=3,
+        group_size=2 if algorithm == "grpo" else 1,
+        micro_batch=1,
+        learning_rate=1e-3,
+        critic_learning_rate=1e-3,
+        beta=0.04 if algorithm == "grpo" else 0.0,
+        kl_coef=0.01 if algorithm == "ppo" else 0.0,
+        entropy_coef=0.01,
+        save_steps=1,
+        temperature=1.0,
+        progress=False,
+    )
+    return dataclasses.replace(config, **overrides)
+
+
+def _run(launcher: list[str], script: Path, config: RLConfig, **env: str) -> subprocess.CompletedProcess[str]:
+    args = json.dumps(dataclasses.asdict(config))
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run([*launcher, str(script), args], env=full_env, capture_output=True, text=True, timeout=900)
+
+
+def _params(path: Path) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+
+
+def _close(a: dict[str, Any], b: dict[str, Any], atol: float = 1e-4) -> tuple[bool, float]:
+    import torch
+
+    assert a.keys() == b.keys()
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    return all(torch.allclose(a[k].float(), b[k].float(), atol=atol) for k in a), worst
+
+
+def _sharded_critic(checkpoint: Path, tmp: Path) -> dict[str, Any]:
+    """The critic of a sharded checkpoint, read back in one process (DCP to a plain torch file)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(checkpoint / "sharded"), str(tmp))
+    state = torch.load(tmp, weights_only=False)["critic"]
+    return {k: v for k, v in state.items()}
+
+
+def _plain_critic(checkpoint: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(checkpoint / "critic" / "backbone").state_dict()
+    head = torch.load(checkpoint / "critic" / "value_head.pt", weights_only=True)
+    return {**{f"backbone.{k}": v for k, v in backbone.items()}, **{f"head.{k}": v for k, v in head.items()}}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_two_sharded_processes_hold_half_and_make_the_update_of_one_process(
+    algorithm: str, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    # two steps: the critic's value head starts at zero, so its backbone first moves in the second
+    one = _config(tiny_model_dir, tmp_path / "one", algorithm, steps=2)
+    two = _config(tiny_model_dir, tmp_path / "two", algorithm, steps=2, sharding="fsdp")
+    done = _run([sys.executable], script, one)
+    assert done.returncode == 0, done.stderr[-6000:]
+    done = _run(_TWO, script, two, COUNT_SHARDS="1")
+    assert done.returncode == 0, done.stderr[-6000:]
+
+    base = _params(tiny_model_dir)
+    total = sum(v.numel() for v in base.values())
+    counts = [json.loads((tmp_path / "two" / f"shards-{r}.json").read_text()) for r in range(2)]
+    for name in counts[0]:
+        local = [c[name] for c in counts]
+        whole = total if name != "critic" else None
+        if whole is not None:
+            assert sum(local) == whole, (name, local, whole)  # every parameter in exactly one shard
+        assert all(0.4 <= n / sum(local) <= 0.6 for n in local), (name, local)  # about half each
+
+    a, b = _params(tmp_path / "one" / "model"), _params(tmp_path / "two" / "model")
+    assert not _close(base, a, atol=1e-6)[0]  # the step moved the weights
+    ok, worst = _close(a, b)
+    assert ok, worst
+    if algorithm == "ppo":
+        c1 = _plain_critic(tmp_path / "one" / "checkpoint")
+        c2 = _sharded_critic(tmp_path / "two" / "checkpoint", tmp_path / "critic.pt")
+        backbone = [k for k in c1 if k.startswith("backbone.")]
+        initial = {k: base[k.replace("backbone.", "model.", 1)] for k in backbone}
+        assert not _close({k: c1[k] for k in backbone}, initial, atol=1e-6)[0]  # the critic's backbone learned
+        ok, worst = _close(c1, c2)
+        assert ok, worst
+    logs = {n: [json.loads(x) for x in (tmp_path / n / "log.jsonl").read_text().splitlines()] for n in ("one", "two")}
+    for a_step, b_step in zip(logs["one"], logs["two"], strict=True):
+        for key in ("reward", "loss", "entropy", "kl", "grad_norm", "value_loss", "critic_grad_norm"):
+            if key in a_step:
+                assert b_step[key] == pytest.approx(a_step[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_killed_sharded_run_resumes_to_the_same_weights_and_exports_for_hf(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from sleuth.llm import load_llm
+
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    whole = _config(tiny_model_dir, tmp_path / "whole", "ppo", steps=2, sharding="fsdp")
+    killed = dataclasses.replace(whole, output_dir=str(tmp_path / "killed"))
+    done = _run(_TWO, script, whole)
+    assert done.returncode == 0, done.stderr[-6000:]
+    done = _run(_TWO, script, killed, DIE_AT_CALL="2")  # dies in step 2, after step 1's sharded checkpoint
+    assert done.returncode != 0
+    checkpoint = tmp_path / "killed" / "checkpoint"
+    assert json.loads((checkpoint / "state.json").read_text())["step"] == 1
+    assert not (tmp_path / "killed" / "model").exists()
+    done = _run(_TWO, script, killed)
+    assert done.returncode == 0, done.stderr[-6000:]
+    steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "log.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]
+    ok, worst = _close(_params(tmp_path / "whole" / "model"), _params(tmp_path / "killed" / "model"), atol=1e-6)
+    assert ok, worst  # policy (and its optimizer state, which the second step used) restored
+    c1 = _sharded_critic(tmp_path / "whole" / "checkpoint", tmp_path / "c1.pt")
+    c2 = _sharded_critic(checkpoint, tmp_path / "c2.pt")
+    ok, worst = _close(c1, c2, atol=1e-6)
+    assert ok, worst
+
+    llm = load_llm(f"hf:{tmp_path / 'killed' / 'model'}")
+    assert type(llm).__name__ == "HFLLM"
+    base, exported = _params(tiny_model_dir), _params(tmp_path / "killed" / "model")
+    assert exported.keys() == base.keys()
+
+
+def test_sharding_rejects_what_it_does_not_support_yet(tmp_path: Path, tiny_model_dir: Path) -> None:
+    for algorithm, overrides in (("grpo", {"lora": True}), ("ppo", {"critic": "shared_head"})):
+        config = _config(tiny_model_dir, tmp_path, algorithm, sharding="fsdp", **overrides)
+        with pytest.raises(ValueError, match="sharding: fsdp does not support"):
+            config.validate()
+    with pytest.raises(ValueError, match="sharding="):
+        _config(tiny_model_dir, tmp_path, "grpo", sharding="zero3").validate()
