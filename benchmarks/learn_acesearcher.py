@@ -18,8 +18,14 @@ The scale is tiny next to the paper's (hundreds of questions instead of 180K SFT
 135M model), so learning rates are raised and batches shrunk (flags below); the point is the direction of the
 curve and whether each stage's change is distinguishable from noise, not the paper's numbers.
 
-    python benchmarks/learn_acesearcher.py            # about 45-60 minutes on 2 CPU cores
+    python benchmarks/learn_acesearcher.py            # about 45-60 minutes on 2 CPU cores (hf engine)
     python benchmarks/learn_acesearcher.py --smoke    # tiny random model, a handful of questions, 1-2 steps
+    python benchmarks/learn_acesearcher.py --engine "vllm:{model}?max_num_seqs=64"   # a vLLM server per model
+
+``--engine`` runs every evaluation and the mDPO sampling on ``hf`` or on a vLLM server sleuth starts on each model
+(``vllm``, or a ``vllm:{model}?...`` template; :mod:`sleuth.train.mdpo`). The default, ``auto``, is ``vllm`` when
+vLLM is installed (``make vllm``), else ``hf``; ``--smoke`` defaults to ``hf`` (its tiny random model would make vLLM
+compile a new model for minutes).
 """
 
 from __future__ import annotations
@@ -44,15 +50,23 @@ RESULTS = REPO / "docs" / "results" / "learn_acesearcher"
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def evaluate(model_dir: Path, examples: list[Any], index: str, agent: Any, options: str) -> dict[str, Any]:
+def evaluate(
+    model_dir: Path, examples: list[Any], index: str, agent: Any, options: str, engine: str = "hf"
+) -> dict[str, Any]:
     """Greedy acesearcher EM of one model on ``examples`` (per-question values kept for the paired CIs)."""
+    from types import SimpleNamespace
+
     from sleuth.llm import load_llm
     from sleuth.retrieval import load_retriever
-    from sleuth.train.mdpo import evaluate_dev
+    from sleuth.train.mdpo import close_llm, engine_spec, evaluate_dev
 
     started = time.perf_counter()
-    llm = load_llm(f"hf:{model_dir}" + (f"?{options}" if options else ""))
-    result = evaluate_dev(examples, llm, load_retriever(index), agent, concurrency=64, progress=True)
+    llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=options), model_dir))
+    try:
+        result = evaluate_dev(examples, llm, load_retriever(index), agent, concurrency=64, progress=True)
+    finally:
+        close_llm(llm)
+    result["engine"] = engine
     result["seconds"] = round(time.perf_counter() - started, 1)
     result["model"] = str(model_dir)
     return result
@@ -195,6 +209,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         train_limit=s["rft_questions"],
         dev_limit=s["dev_questions"],
         llm_options=args.llm_options,
+        engine=args.engine,
         agent=agent,
         decompositions=s["decompositions"],
         solutions=s["solutions"],
@@ -258,7 +273,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Learning benchmark: AceSearcher SFT + mDPO on the synthetic world",
         "",
-        f"`python benchmarks/learn_acesearcher.py{' --smoke' if results['smoke'] else ''}` "
+        f"`python benchmarks/learn_acesearcher.py{' --smoke' if results['smoke'] else ''}"
+        f" --engine '{results['settings'].get('engine', 'hf')}'` "
         f"on {results['machine']}; recorded compute per stage (summed over resumed runs): "
         + ", ".join(f"{k} {v / 60:.0f} min" for k, v in results["seconds"].items())
         + f"; this invocation {results['seconds_total'] / 60:.0f} min.",
@@ -338,7 +354,16 @@ def main() -> None:
     parser.add_argument("--dpo-lr", type=float, default=5e-6, help="paper: 1e-6 (1.5B, 49K prompts)")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
+    parser.add_argument(
+        "--engine",
+        default="auto",
+        help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
+    )
     args = parser.parse_args()
+    from sleuth.train.mdpo import auto_engine
+
+    args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
+    print(f"engine: {args.engine}", flush=True)
 
     from sleuth.agents.acesearcher import AceSearcherConfig
     from sleuth.data.synth import load_synth, synthesize
@@ -353,7 +378,8 @@ def main() -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     # resumption reuses the world, models and cached evals of the working directory: only with the same settings
     stamp = work / "settings.json"
-    key = json.loads(json.dumps({**s, "index": args.index, "llm_options": args.llm_options}))
+    engine = {"engine": args.engine} if args.engine != "hf" else {}  # hf runs from before the option still resume
+    key = json.loads(json.dumps({**s, "index": args.index, "llm_options": args.llm_options, **engine}))
     if stamp.exists() and json.loads(stamp.read_text()) != key:
         raise SystemExit(f"{work} holds a run with other settings ({stamp}); remove it or pass --work DIR")
     stamp.write_text(json.dumps(key, indent=2) + "\n")
@@ -385,7 +411,7 @@ def main() -> None:
         if cached.exists():
             result = json.loads(cached.read_text())
         else:
-            result = evaluate(model, test, args.index, agent, args.llm_options)
+            result = evaluate(model, test, args.index, agent, args.llm_options, args.engine)
             cached.parent.mkdir(exist_ok=True)
             cached.write_text(json.dumps(result) + "\n")
         stages.append(
@@ -432,7 +458,13 @@ def main() -> None:
         "smoke": args.smoke,
         "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
         "test_questions": len(test),
-        "settings": {**s, "agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "index": args.index},
+        "settings": {
+            **s,
+            "agent": dataclasses.asdict(agent),
+            "llm_options": args.llm_options,
+            "index": args.index,
+            "engine": args.engine,
+        },
         "stages": stages,
         "differences": differences,
         "mdpo": summary,

@@ -24,6 +24,12 @@ measured on the test questions instead; ``sleuth train exsearch`` stops early on
 
     python benchmarks/learn_exsearch.py              # about 45 minutes on 2 CPU cores
     python benchmarks/learn_exsearch.py --smoke      # tiny random model, a handful of questions, 1 step
+    python benchmarks/learn_exsearch.py --engine vllm   # evaluations and E-step sampling on vLLM servers
+
+``--engine`` runs the evaluations and the E-step sampling on ``hf`` or on a vLLM server sleuth starts on each model
+(``vllm``, or a ``vllm:{model}?...`` template; the E-step's scoring stays on hf, see
+:mod:`sleuth.train.exsearch_em`). The default, ``auto``, is ``vllm`` when vLLM is installed (``make vllm``), else
+``hf``; ``--smoke`` defaults to ``hf`` (its tiny random model would make vLLM compile a new model for minutes).
 """
 
 from __future__ import annotations
@@ -115,6 +121,7 @@ def em_config(s: dict[str, Any], args: argparse.Namespace, agent: Any, **fields:
 
     return EMConfig(
         llm_options=args.llm_options,
+        engine=args.engine,
         agent=agent,
         fireact=str(FIREACT) if FIREACT.exists() and s["fireact_limit"] else "",
         fireact_limit=s["fireact_limit"],
@@ -139,18 +146,27 @@ def em_config(s: dict[str, Any], args: argparse.Namespace, agent: Any, **fields:
     )
 
 
-def evaluate(model_dir: Path, examples: list[Any], index: str, agent: Any, options: str, out: Path) -> dict:
+def evaluate(
+    model_dir: Path, examples: list[Any], index: str, agent: Any, options: str, out: Path, engine: str = "hf"
+) -> dict:
     """Greedy exsearch EM of one model on ``examples`` (per-question values kept for the paired CIs); cached in
     ``out`` so a rerun after a kill skips finished stages."""
+    from types import SimpleNamespace
+
     from sleuth.llm import load_llm
     from sleuth.retrieval import load_retriever
     from sleuth.train.exsearch_em import evaluate as run_eval
+    from sleuth.train.mdpo import close_llm, engine_spec
 
     if out.exists():
         return json.loads(out.read_text())
     started = time.perf_counter()
-    llm = load_llm(f"hf:{model_dir}" + (f"?{options}" if options else ""))
-    result = run_eval(examples, llm, load_retriever(index), agent, out.with_suffix(".traces.jsonl"), 64)
+    llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=options), model_dir))
+    try:
+        result = run_eval(examples, llm, load_retriever(index), agent, out.with_suffix(".traces.jsonl"), 64)
+    finally:
+        close_llm(llm)
+    result["engine"] = engine
     result["seconds"] = round(time.perf_counter() - started, 1)
     result["model"] = str(model_dir)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -204,7 +220,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Learning benchmark: ExSearch warm-up + generalized EM on the synthetic world",
         "",
-        f"`python benchmarks/learn_exsearch.py{' --smoke' if results['smoke'] else ''}` "
+        f"`python benchmarks/learn_exsearch.py{' --smoke' if results['smoke'] else ''}"
+        f" --engine '{results['settings'].get('engine', 'hf')}'` "
         f"on {results['machine']}; this invocation {results['seconds_total']:.0f} s (stage totals below).",
         "",
         f"Test questions: {results['test_questions']} held-out questions (2-3 hops, entities disjoint from "
@@ -289,7 +306,16 @@ def main() -> None:
     parser.add_argument("--warmup-lr", type=float, default=1e-4, help="paper: 2e-6 (3B-24B, 1,000 trajectories)")
     parser.add_argument("--em-lr", type=float, default=3e-5, help="paper: 2e-6")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
+    parser.add_argument(
+        "--engine",
+        default="auto",
+        help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
+    )
     args = parser.parse_args()
+    from sleuth.train.mdpo import auto_engine
+
+    args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
+    print(f"engine: {args.engine}", flush=True)
 
     from sleuth.agents.exsearch import ExSearchConfig
     from sleuth.data.synth import load_synth, synthesize
@@ -322,7 +348,9 @@ def main() -> None:
     stages: list[dict[str, Any]] = []
 
     def measure(stage: str, arm: str, model: Path) -> None:
-        result = evaluate(model, test, str(index), agent, args.llm_options, work / "eval" / f"{stage}.json")
+        result = evaluate(
+            model, test, str(index), agent, args.llm_options, work / "eval" / f"{stage}.json", args.engine
+        )
         stages.append(
             {
                 "stage": stage,
@@ -410,7 +438,7 @@ def main() -> None:
         "smoke": args.smoke,
         "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
         "test_questions": len(test),
-        "settings": {**s, "agent": dataclasses.asdict(agent), "llm_options": args.llm_options},
+        "settings": {**s, "agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "engine": args.engine},
         "stages": stages,
         "differences": differences,
         "iterations": iterations,

@@ -9,6 +9,11 @@ GenAcc span check (normalised gold contained in the answer), no judge.
 
     python benchmarks/learn_s3.py            # CPU: expect over an hour at the defaults (see docs)
     python benchmarks/learn_s3.py --smoke    # tiny random searcher, a few questions, 1 step
+
+``--engine`` runs the frozen generator (one server for the whole run) and the searcher's evaluations on ``hf`` or on
+vLLM servers sleuth starts (``vllm``, or a ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when
+vLLM is installed (``make vllm``), else ``hf``, and ``hf`` with ``--smoke``. The PPO rollouts sample from the live
+searcher: a vLLM rollout server reloads LoRA adapters, and this benchmark fine-tunes all weights.
 """
 
 from __future__ import annotations
@@ -29,11 +34,19 @@ RESULTS = REPO / "docs" / "results" / "learn_s3"
 
 
 def evaluate(
-    searcher: Path, generator: Any, examples: list[Any], index: str, agent: Any, opts: str, out: Path
+    searcher: Path,
+    generator: Any,
+    examples: list[Any],
+    index: str,
+    agent: Any,
+    opts: str,
+    out: Path,
+    engine: str = "hf",
 ) -> dict:
     """Greedy s3 on ``examples``: per-question GenAcc (span) with the searcher's documents and with naive RAG's
     top-k (the same generator and prompt on the documents retrieved for the question itself)."""
     import asyncio
+    from types import SimpleNamespace
 
     from sleuth.agents import Context
     from sleuth.eval.metrics import accuracy
@@ -41,14 +54,18 @@ def evaluate(
     from sleuth.records import Passage
     from sleuth.retrieval import load_retriever
     from sleuth.runner import run
+    from sleuth.train.mdpo import close_llm, engine_spec
     from sleuth.train.rewards import generator_accuracy
 
     if out.exists():
         return json.loads(out.read_text())
     started = time.perf_counter()
-    llm = load_llm(f"hf:{searcher}" + (f"?{opts}" if opts else ""))
+    llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=opts), searcher))
     ctx = Context(llm=llm, retriever=load_retriever(index), config=agent, roles={"generator": generator})
-    traces = run("s3", examples, ctx, progress=True)
+    try:
+        traces = run("s3", examples, ctx, progress=True)
+    finally:
+        close_llm(llm)
 
     async def naive_accuracy() -> list[float]:
         async def one(trace: Any) -> float:
@@ -85,7 +102,17 @@ def main() -> None:
     parser.add_argument("--critic-lr", type=float, default=1e-4, help="value head (paper: 1e-5)")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--engine",
+        default="auto",
+        help="generator and evaluations: hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed "
+        "(hf with --smoke)",
+    )
     args = parser.parse_args()
+    from sleuth.train.mdpo import auto_engine, close_llm, engine_spec
+
+    args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
+    print(f"engine: {args.engine}", flush=True)
 
     from sleuth.agents.s3 import S3Config
     from sleuth.data.synth import load_synth, synthesize
@@ -123,11 +150,12 @@ def main() -> None:
         build_bm25_index(world / "corpus.jsonl", index)
     from sleuth.assets import ensure_default_model
 
-    generator = load_llm(f"hf:{ensure_default_model()}?{args.llm_options}")  # frozen: never trained
+    generator = load_llm(engine_spec(args, ensure_default_model()))  # frozen: never trained
     agent = S3Config(k=3, k_initial=3, max_turns=2, sampling=Sampling(max_new_tokens=tokens))
     agent.generator_sampling = dataclasses.replace(agent.generator_sampling, max_new_tokens=24)
     test = list(load_synth(world / "test.jsonl"))[: args.test_questions]
-    before = evaluate(searcher, generator, test, str(index), agent, args.llm_options, work / "eval" / "base.json")
+    base_eval = work / "eval" / "base.json"
+    before = evaluate(searcher, generator, test, str(index), agent, args.llm_options, base_eval, args.engine)
     config = S3RLConfig(
         model=str(searcher),
         output_dir=str(work / "ppo"),
@@ -147,8 +175,16 @@ def main() -> None:
     summary = train_s3(config, generator=generator)
     train_seconds = time.perf_counter() - t
     after = evaluate(
-        work / "ppo" / "model", generator, test, str(index), agent, args.llm_options, work / "eval" / "ppo.json"
+        work / "ppo" / "model",
+        generator,
+        test,
+        str(index),
+        agent,
+        args.llm_options,
+        work / "eval" / "ppo.json",
+        args.engine,
     )
+    close_llm(generator)
     table = {
         "naive RAG": bootstrap_ci(before["acc_naive"], seed=args.seed),
         "s3 before": bootstrap_ci(before["acc_s3"], seed=args.seed),

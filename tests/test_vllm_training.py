@@ -59,8 +59,13 @@ def started_servers() -> list[tuple[str, int]]:
     return found
 
 
+def live_servers() -> list[vs.VLLMServer]:
+    """The servers sleuth started under this SLEUTH_HOME that still run (a module's shared server is not one)."""
+    return [s for s in list(vs._LIVE) if s.running() and s.log_path.parent == vs.log_dir()]
+
+
 def no_server_running(*_: Any) -> None:
-    live = [server.describe() for server in list(vs._LIVE) if server.running()]
+    live = [server.describe() for server in live_servers()]
     assert live == [], f"a vLLM server runs while the trainer trains: {live}"
 
 
@@ -111,7 +116,7 @@ def test_mdpo_samples_and_evaluates_on_a_server_started_on_each_iterations_model
     assert stats[0]["rollouts"] == 2 * 1 * 2
     traces = (run / "iter1" / "rollouts" / "rollouts.jsonl").read_text()
     assert "echo: " in traces  # the rollouts are the server's answers
-    assert not list(vs._LIVE)
+    assert not live_servers()
     assert [p for _, port in servers for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
 
 
@@ -146,8 +151,47 @@ def test_exsearch_samples_on_the_server_and_scores_on_hf(
     stats = json.loads((out / "iter0" / "stats.json").read_text())
     assert stats["sampling_engine"] == estep["sampling_engine"]
     assert summary["iterations"][0]["dev"]["engine"]["model"] == str(out / "iter0" / "model")
-    assert not list(vs._LIVE)
+    assert not live_servers()
     assert [p for _, port in servers for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
+
+
+class Rank:
+    """One process of a two-process run; ``shared`` plays the collective (process 0 gathers first)."""
+
+    world = 2
+
+    def __init__(self, rank: int, shared: list[Any]) -> None:
+        self.rank, self.main, self.shared = rank, rank == 0, shared
+
+    def gather(self, obj: Any) -> list[Any]:
+        if self.main:
+            self.shared.append(obj)
+        return [self.shared[0], obj]
+
+    def barrier(self) -> None:
+        pass
+
+
+def test_a_rollout_server_from_a_vllm_spec_is_started_once_for_all_processes(
+    tmp_path: Path, tiny_model_dir: Path, fake_python: str, home: Path
+) -> None:
+    from sleuth.llm.openai_compat import OpenAICompatLLM
+    from sleuth.train.served_policy import ServedPolicy
+
+    spec = f"vllm:{tiny_model_dir}?python={fake_python}&enable_lora=1&startup_timeout=120"
+    shared: list[Any] = []
+    main = ServedPolicy(spec, tmp_path / "served", Rank(0, shared))
+    other = ServedPolicy(spec, tmp_path / "served", Rank(1, shared))
+    try:
+        assert len(started_servers()) == 1 and isinstance(main.template, vs.VLLMServerLLM)
+        assert type(other.template) is OpenAICompatLLM and other.template.base_url == main.template.base_url
+        assert other.run_id == main.run_id
+        rollouts = other.publish(object(), 3)  # process 1 saves and loads nothing: it names process 0's adapter
+        assert rollouts.model == main.adapter_name(3) and rollouts.base_url == main.template.base_url
+        assert rollouts.concurrency == main.template.concurrency and rollouts.deadline == main.template.deadline
+    finally:
+        main.close()
+    assert not live_servers()
 
 
 # -------------------------------------------------------------------- the real vLLM
@@ -288,6 +332,6 @@ def test_real_vllm_samples_an_mdpo_iteration(tmp_path: Path) -> None:
     engine = stats["sampling_engine"]
     assert engine["backend"] == "VLLMServerLLM" and engine["model"] == str(default_model_dir())
     assert stats["rollouts"] == 2 * 1 * 2 and stats["failed_runs"] == 0
-    assert not list(vs._LIVE)
     port = engine["base_url"].rsplit(":", 1)[1].split("/")[0]
+    assert [s for s in vs._LIVE if str(s.port) == port] == []
     assert [p for p in _pids_with_argument(f"--port {port}") if alive(p)] == []

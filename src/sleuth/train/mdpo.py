@@ -929,6 +929,21 @@ def engine_spec(config: Any, path: Path) -> str:
     return engine.replace("{model}", str(path))
 
 
+def auto_engine(choice: str = "auto") -> str:
+    """``auto``: ``vllm`` when an interpreter with vLLM is found (``.venv-vllm`` from ``make vllm``, see
+    :func:`sleuth.llm.vllm_server.find_vllm_python`), else ``hf``; any other choice as given."""
+    if choice != "auto":
+        return choice
+    from sleuth.llm.base import LLMError
+    from sleuth.llm.vllm_server import find_vllm_python
+
+    try:
+        find_vllm_python()
+    except LLMError:
+        return "hf"
+    return "vllm"
+
+
 def serves(config: Any) -> bool:
     """Whether ``config.engine`` starts a server per model (so a model used twice in a row keeps its server)."""
     return (getattr(config, "engine", "") or "hf").strip() != "hf"

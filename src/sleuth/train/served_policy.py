@@ -25,7 +25,9 @@ server may still hold the adapters of an earlier run (vLLM refuses to load a nam
 may share one server. Each adapter directory records its name (``served.json``), so a resumed run unloads what the
 run before it left loaded.
 
-With several processes, process 0 publishes and the others wait for it. Full fine-tuning has no comparable server
+With several processes, process 0 publishes and the others wait for it. A ``vllm:`` spec that starts a server starts
+it in process 0 only; the other processes send their rollouts to that server (on several machines give it a
+reachable ``host=``, or start one yourself and pass its ``url=``). Full fine-tuning has no comparable server
 API (the weights would have to be broadcast into the server's workers), so ``rollout_server`` requires ``lora``.
 """
 
@@ -51,6 +53,11 @@ HINT = (
 NAME_FILE = "served.json"
 
 
+def _client_settings(llm: Any) -> dict[str, Any]:
+    keys = ("model", "base_url", "concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env")
+    return {key: getattr(llm, key) for key in keys}
+
+
 class ServedPolicyError(RuntimeError):
     """The rollout server could not load the policy's adapter."""
 
@@ -68,19 +75,27 @@ class ServedPolicy:
         run_id: str | None = None,
     ) -> None:
         from sleuth.llm import load_llm
+        from sleuth.llm.base import parse_spec
         from sleuth.llm.openai_compat import OpenAICompatLLM
 
-        template = load_llm(spec)
-        if not isinstance(template, OpenAICompatLLM):
+        backend, _, options = parse_spec(spec)
+        starts_server = backend == "vllm" and not options.get("url")
+        template = load_llm(spec) if dist.main or not starts_server else None
+        if template is not None and not isinstance(template, OpenAICompatLLM):
             raise ValueError(
                 f"rollout_server={spec!r} must name a vLLM server: 'vllm:BASE?enable_lora=1' or 'openai:BASE@URL'"
             )
+        client = _client_settings(template) if template is not None else None
+        # process 0's run id, and its server for the processes that started none
+        shared_id, shared_client = dist.gather((run_id or uuid.uuid4().hex[:8], client))[0]
+        if template is None:
+            template = OpenAICompatLLM(**shared_client)
         self.template = template
         self.directory = directory
         self.dist = dist
         self.name = name
         self.max_retries = max_retries
-        self.run_id = run_id or dist.gather(uuid.uuid4().hex[:8])[0]  # process 0's, in every process
+        self.run_id = shared_id
         self.current: tuple[str, Path] | None = None  # the adapter the server samples from (process 0)
         if dist.main and directory.is_dir():  # a resumed run: unload and delete the adapters an earlier run left
             for stale in sorted(directory.glob("step-*")):
@@ -135,16 +150,7 @@ class ServedPolicy:
                 shutil.rmtree(self.current[1], ignore_errors=True)
             self.current = (name, path)
         self.dist.barrier()
-        t = self.template
-        return OpenAICompatLLM(
-            self.adapter_name(step),
-            t.base_url,
-            concurrency=t.concurrency,
-            timeout=t.timeout,
-            max_retries=t.max_retries,
-            backoff=t.backoff,
-            key_env=t.key_env,
-        )
+        return OpenAICompatLLM(**{**_client_settings(self.template), "model": self.adapter_name(step)})
 
     def close(self) -> None:
         """Unload the current adapter and stop the server if this object's spec started it (``vllm:``)."""
