@@ -39,6 +39,17 @@ normalised by the *global* token (or sequence) count, so N processes make the sa
 whole batch (tested); a separate critic's gradients are summed the same way. PPO's advantage whitening and every
 logged number use global statistics; process 0 writes the log, the rollout store (all processes' traces) and the
 checkpoints.
+
+**Sharded** (``sharding: fsdp``): the policy, the reference and the separate critic are each wrapped with PyTorch
+FSDP2 ``fully_shard`` (every transformer block a unit, then the root; on a GPU fp32 master weights with bf16
+compute, the frozen reference held in bf16), so each process holds 1/N of every model and of the AdamW state. The
+engine all-gathers a block's weights for its forward and backward and reduce-scatters the gradients (as sums: the
+losses are normalised globally as above); clipping runs on the sharded gradients. Every process must run the same
+passes, so one with fewer micro-batches than another runs zero-loss passes on one padding token. Rollouts generate
+from the policy gathered whole on every process for the duration (each process samples a different number of
+tokens). Checkpoints are ``torch.distributed.checkpoint`` shards (``OUT/checkpoint/sharded``: models and optimizers;
+resumed at the same process count), and ``OUT/model`` is the policy gathered to process 0 and saved for transformers.
+Not yet with LoRA, the shared value head, or ``rollout_server`` (refused by :meth:`RLConfig.validate`).
 """
 
 from __future__ import annotations
@@ -331,7 +342,9 @@ class _Models:
         if config.lora:
             self.policy = _with_lora(self.policy, config, resume / "policy" if resume is not None else None)
         else:
-            self.reference = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+            # sharded with mixed precision: the frozen reference is held in bf16 (no master weights to keep)
+            ref_dtype = mixed or dtype
+            self.reference = AutoModelForCausalLM.from_pretrained(path, dtype=ref_dtype).to(self.device).eval()
             self.reference.requires_grad_(False)
         self.value_head = None
         self.critic = None
@@ -1007,7 +1020,13 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     random.seed(config.seed + start)
     torch.manual_seed(config.seed + start)
     base = _resolve_model(config.model)
-    models = _Models(config, base, resume, dist.device(), sharded=config.sharding == "fsdp" and dist.world > 1)
+    models = _Models(
+        config,
+        base,
+        resume,
+        dist.device(),
+        sharded=config.sharding == "fsdp" and (dist.world > 1 or torch.distributed.is_initialized()),
+    )
     llm = HFLLM.from_model(models.policy, models.tokenizer)
     served = None
     if config.rollout_server:
