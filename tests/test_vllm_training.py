@@ -335,3 +335,62 @@ def test_real_vllm_samples_an_mdpo_iteration(tmp_path: Path) -> None:
     port = engine["base_url"].rsplit(":", 1)[1].split("/")[0]
     assert [s for s in vs._LIVE if str(s.port) == port] == []
     assert [p for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+def test_real_vllm_samples_an_exsearch_e_step_scored_on_hf(tmp_path: Path) -> None:
+    """One ExSearch E-step on 2 questions sampled by a real vLLM server on SmolLM2, best-of and weights on hf."""
+    require_real_vllm()
+    from sleuth.agents.exsearch import ExSearchConfig
+    from sleuth.assets import default_model_dir
+    from tests.test_exsearch_em import _loop_config
+
+    config = _loop_config(tmp_path, default_model_dir(), iterations=1, warmup=False, train_limit=2, dev_limit=0)
+    config = dataclasses.replace(
+        config,
+        engine=f"vllm:{{model}}?python={VLLM_PYTHON}",
+        best_of=2,
+        agent=ExSearchConfig(k=2, max_steps=2, sampling=Sampling(max_new_tokens=16), answer_max_new_tokens=8),
+    )
+    started = time.perf_counter()
+    exsearch_em.train_exsearch(config)
+    estep = json.loads((tmp_path / "run" / "iter0" / "estep.json").read_text())
+    sys.stderr.write(f"\nExSearch E-step through vLLM: {time.perf_counter() - started:.0f} s, {estep['seconds']}\n")
+    engine = estep["sampling_engine"]
+    assert engine["backend"] == "VLLMServerLLM" and engine["model"] == str(default_model_dir())
+    assert estep["best_of"]["applied"] and estep["best_of"]["scored"] > 0  # ranked by the hf scorer
+    port = engine["base_url"].rsplit(":", 1)[1].split("/")[0]
+    assert [s for s in vs._LIVE if str(s.port) == port] == []
+    assert [p for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+def test_real_vllm_serves_online_rl_rollouts_from_a_vllm_rollout_server(tmp_path: Path) -> None:
+    """Two GRPO steps (LoRA on SmolLM2) whose rollouts come from `rollout_server: vllm:...` (the ARENA and s3 path):
+    the server sleuth starts loads each step's adapter, drops the previous one, and is gone when the run ends."""
+    require_real_vllm()
+    import gc
+
+    from sleuth.assets import default_model_dir
+    from sleuth.train.online_rl import train_online
+    from tests.test_online_rl import DirectTask, _config, _examples
+
+    spec = f"vllm:default?python={VLLM_PYTHON}&enable_lora=1&max_lora_rank=8"
+    config = _config(tmp_path, default_model_dir(), lora=True, lora_r=8, rollout_server=spec, steps=2)
+    started = time.perf_counter()
+    train_online(config, DirectTask(lambda t: float("Ann" in (t.answer or ""))), _examples())
+    sys.stderr.write(f"\nonline RL, 2 steps through vLLM: {time.perf_counter() - started:.0f} s\n")
+    gc.collect()
+    served = (tmp_path / "rl" / "served").resolve()
+    (log,) = [p for p in vs.log_dir().glob("vllm-*.log") if str(served) in p.read_text(errors="replace")]
+    text = log.read_text(errors="replace")
+    names = [json.loads((served / "step-00001" / "served.json").read_text())["lora_name"]]
+    names.insert(0, names[0].replace("step-00001", "step-00000"))
+    for name in names:
+        assert f"Loaded new LoRA adapter: name '{name}'" in text
+    assert f"Removed LoRA adapter: name '{names[0]}'" in text
+    assert text.count('"POST /v1/chat/completions HTTP/1.1" 200') >= 2 * 2 * 3  # 2 steps x 2 questions x group 3
+    port = log.stem.rsplit("-", 1)[1]
+    assert [p for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
