@@ -739,3 +739,41 @@ def test_a_rollout_server_needs_lora_and_a_reachable_server(tmp_path: Path, tiny
     config = _config(tmp_path, tiny_model_dir, lora=True, rollout_server=spec)
     with pytest.raises(ServedPolicyError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
         train_online(config, DirectTask(lambda t: 0.0), _examples())
+
+
+def test_gradient_checkpointing_recomputes_activations_without_changing_the_update(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """``gradient_checkpointing`` is a memory option only: the policy and the critic recompute their activations
+    in the backward pass, and a PPO step ends with the same weights as without it."""
+    import torch
+
+    for on in (False, True):  # a block runs again in the backward pass only with checkpointing
+        config = _ppo(tmp_path, tiny_model_dir, gradient_checkpointing=on)
+        models = online_rl._Models(config, tiny_model_dir, None, torch.device("cpu"))
+        assert models.critic is not None
+        models.train()
+        calls = {"policy": 0, "critic": 0}
+        inner = {
+            "policy": models.policy.model.layers[0].self_attn,
+            "critic": models.critic["backbone"].layers[0].self_attn,
+        }
+
+        def counter(name: str, calls: dict[str, int] = calls) -> Callable[..., None]:
+            return lambda *_: calls.__setitem__(name, calls[name] + 1)
+
+        for name, module in inner.items():
+            module.register_forward_hook(counter(name))
+        ids = torch.tensor([[5, 6, 7, 8]])
+        logits, values = models.forward(ids, torch.ones_like(ids), values=True)
+        (logits.sum() + values.sum()).backward()
+        assert calls == ({"policy": 2, "critic": 2} if on else {"policy": 1, "critic": 1})
+    runs = {}
+    for on in (False, True):
+        out = tmp_path / f"checkpointing-{on}"
+        config = _ppo(tmp_path, tiny_model_dir, output_dir=str(out), gradient_checkpointing=on, steps=2)
+        train_online(config, FixedTask(), _examples())
+        runs[on] = (_params(out / "model"), _critic_params(out / "checkpoint"))
+    for plain, recomputed in zip(runs[False], runs[True], strict=True):
+        assert all(torch.allclose(plain[k], recomputed[k], atol=1e-6) for k in plain)
+    assert any(not torch.equal(runs[True][0][k], v) for k, v in _params(tiny_model_dir).items())

@@ -359,10 +359,9 @@ class _Models:
             saved = resume / "critic" if resume is not None and not sharded else None
             self.critic = _critic(config, path, saved, dtype, self.device)
         if config.gradient_checkpointing:
-            kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
-            self.policy.gradient_checkpointing_enable(**kwargs)
+            _checkpoint_activations(self.policy)
             if self.critic is not None:
-                self.critic["backbone"].gradient_checkpointing_enable(**kwargs)
+                _checkpoint_activations(self.critic["backbone"])
         if sharded:
             _fully_shard(self.policy, mixed)
             if self.reference is not None:
@@ -587,6 +586,15 @@ def _fully_shard(model: Any, mixed: Any) -> None:
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # plain sums (gloo has no pre-multiplied sum)
+
+
+def _checkpoint_activations(model: Any) -> None:
+    """Recompute each block's activations in the backward pass (non-reentrant: works with FSDP and frozen
+    inputs)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _float32() -> Any:
