@@ -438,7 +438,7 @@ class _Models:
 
     def _sharded_state(self) -> dict[str, Any]:
         """What a sharded checkpoint holds: each model's and optimizer's state as DTensor shards (no process holds
-        the whole); torch.distributed.checkpoint writes and reads them in place, any process count."""
+        the whole); torch.distributed.checkpoint writes each process's shards and reads them back in place."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         policy, optimizer = get_state_dict(self.policy, self.optimizer)
