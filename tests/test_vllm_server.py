@@ -118,6 +118,10 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SLEUTH_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "record.json"))
     monkeypatch.delenv("SLEUTH_VLLM_PYTHON", raising=False)
+    # variables the user (or torch, once an earlier test compiled with inductor) set win over sleuth's defaults
+    for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "VLLM_USE_AOT_COMPILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     return tmp_path
 
 
@@ -579,3 +583,20 @@ def _pids_with_argument(text: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def test_torchs_own_default_inductor_cache_is_not_taken_for_a_users_choice(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing torch._inductor writes /tmp/torchinductor_USER into os.environ; the server still gets the persistent
+    cache under SLEUTH_HOME, while a directory the user chose is kept."""
+    import getpass
+    import tempfile
+
+    config = vs.server_config("my-model", {"device": "cpu"})
+    monkeypatch.setenv(
+        "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+    )
+    assert config.environment()["TORCHINDUCTOR_CACHE_DIR"] == str(home / "home" / "vllm" / "cache" / "torchinductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "mine"))
+    assert config.environment()["TORCHINDUCTOR_CACHE_DIR"] == str(home / "mine")

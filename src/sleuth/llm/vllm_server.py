@@ -62,12 +62,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import getpass
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -285,8 +287,11 @@ class ServerConfig:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.setdefault("VLLM_CACHE_ROOT", str(cache_dir()))
-        # with AOT compile off (the CPU default) compiled kernels go to TorchInductor's own cache, in /tmp by default
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "torchinductor"))
+        # with AOT compile off (the CPU default) compiled kernels go to TorchInductor's own cache, in /tmp by default;
+        # importing torch._inductor writes that default into os.environ, which is not a choice of the user's
+        inductor_default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+        if env.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", inductor_default):
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torchinductor")
         if self.enable_lora:
             env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
         if self.on_cpu:
