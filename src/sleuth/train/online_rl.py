@@ -94,6 +94,7 @@ class DataParallel:
                 # generous: process 0 alone caches the s3 naive-RAG baseline while the others wait at a barrier
                 timeout = datetime.timedelta(hours=4)
                 dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+                _OWNED_GROUP[0] = True
                 # torn down before the interpreter's own teardown: a group left to C++ static destruction can abort
                 # the process ("terminate called without an active exception") after the run has finished
                 atexit.register(_destroy_process_group)
@@ -167,6 +168,22 @@ class DataParallel:
         yield
         if self.main:
             self.barrier()
+
+
+_OWNED_GROUP = [False]  # whether sleuth initialised the process group (and so tears it down)
+
+
+def close_process_group() -> None:
+    """End of a run: once every process is here (no collective in flight), tear down the group sleuth started, while
+    the interpreter is fully alive. Gloo's worker threads that still hold work at interpreter teardown abort a
+    finished process now and then ("terminate called without an active exception"), even with the atexit
+    teardown. A group the caller started is left alone."""
+    import torch.distributed as dist
+
+    if _OWNED_GROUP[0] and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+        _OWNED_GROUP[0] = False
 
 
 def _destroy_process_group() -> None:
@@ -1144,4 +1161,5 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     if dist.main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     dist.barrier()
+    close_process_group()
     return summary
