@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,20 @@ def build_tiny_model(out: Path, seed: int = 0, initializer_range: float = 0.5) -
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def fake_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An "interpreter with vLLM": this Python with the stand-in ``vllm`` package first on its path."""
+    from tests.test_vllm_server import FAKE_SERVER
+
+    root = tmp_path_factory.mktemp("fakevllm")
+    package = root / "site" / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for level in (package, package.parent, package.parent.parent):
+        (level / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(FAKE_SERVER)
+    python = root / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "site"}" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return str(python)

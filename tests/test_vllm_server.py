@@ -98,21 +98,6 @@ FAKE_SERVER = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def fake_python(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """An "interpreter with vLLM": this Python with the stand-in ``vllm`` package first on its path."""
-    root = tmp_path_factory.mktemp("fakevllm")
-    package = root / "site" / "vllm" / "entrypoints" / "openai"
-    package.mkdir(parents=True)
-    for level in (package, package.parent, package.parent.parent):
-        (level / "__init__.py").write_text("")
-    (package / "api_server.py").write_text(FAKE_SERVER)
-    python = root / "python"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "site"}" exec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    return str(python)
-
-
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SLEUTH_HOME", str(tmp_path / "home"))

@@ -25,22 +25,8 @@ from sleuth.llm import LLMError, Request, Sampling
 from sleuth.llm import vllm_server as vs
 from sleuth.train import exsearch_em, mdpo
 from tests.scripted import ListRetriever, passages
-from tests.test_vllm_server import FAKE_SERVER, VLLM_PYTHON, _pids_with_argument, alive, require_real_vllm
-
-
-@pytest.fixture(scope="module")
-def fake_python(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """An "interpreter with vLLM": this Python with the stand-in ``vllm`` package first on its path."""
-    root = tmp_path_factory.mktemp("fakevllm")
-    package = root / "site" / "vllm" / "entrypoints" / "openai"
-    package.mkdir(parents=True)
-    for level in (package, package.parent, package.parent.parent):
-        (level / "__init__.py").write_text("")
-    (package / "api_server.py").write_text(FAKE_SERVER)
-    python = root / "python"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "site"}" exec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    return str(python)
+from tests.test_served_policy import OneProcess
+from tests.test_vllm_server import VLLM_PYTHON, _pids_with_argument, alive, require_real_vllm
 
 
 @pytest.fixture
@@ -203,16 +189,6 @@ LORA_PROMPTS = [
     "Name a primary color.",
     "What is 12 times 7?",
 ]
-
-
-class OneProcess:
-    world, rank, main = 1, 0, True
-
-    def gather(self, obj: Any) -> list[Any]:
-        return [obj]
-
-    def barrier(self) -> None:
-        pass
 
 
 def lora_policy(seed: int) -> Any:
