@@ -339,6 +339,9 @@ def test_no_orphan_however_sleuth_ends(home: Path, fake_python: str, mode: str, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as in a terminal: a job started in the background by a non-interactive shell (CI) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         line = process.stdout.readline()
