@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sleuth.eval.evaluate import EvalConfig, EvalError, aggregate, evaluate, read_traces
+from sleuth.eval.evaluate import EvalConfig, EvalError, aggregate, evaluate, read_traces, rescore_legacy
 from sleuth.records import Example, Step, Trace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
@@ -215,3 +215,17 @@ def test_method_options_and_generator_role_reach_the_run(tmp_path: Path, tiny_mo
     assert all(len(t.steps[0].passages) == 1 and t.steps[1].completion_tokens <= 3 for t in traces)
     with pytest.raises(EvalError, match="unknown option 'kk'"):
         evaluate(EvalConfig(**base, out=str(tmp_path / "bad"), method_config={"kk": "1"}), progress=False)
+
+
+def test_traces_scored_before_the_squad_split_are_rescored() -> None:
+    """An old trace's `em` is the extended normaliser's ("two" matched gold "2"); aggregated beside new traces it
+    would mix two meanings, so it is scored again: SQuAD em 0, extended 1, and its judge verdict kept."""
+    old = Trace(example=Example(id="a", question="q", answers=["2"]), method="direct", answer="two")
+    old.meta["scores"] = {"em": 1.0, "f1": 1.0, "judge": 1.0}
+    rescore_legacy(old)
+    scores = old.meta["scores"]
+    assert (scores["em"], scores["em_ext"], scores["judge"]) == (0.0, 1.0, 1.0)
+    new = Trace(example=Example(id="b", question="q", answers=["2"]), method="direct", answer="2")
+    new.meta["scores"] = {"em": 1.0, "em_ext": 1.0}
+    assert rescore_legacy(new).meta["scores"] == {"em": 1.0, "em_ext": 1.0}  # untouched
+    assert aggregate([old, new])["overall"]["em"] == 0.5

@@ -96,6 +96,17 @@ def score_trace(trace: Trace) -> dict[str, float | None]:
     return scores
 
 
+def rescore_legacy(trace: Trace) -> Trace:
+    """A trace scored before the SQuAD/extended split (``em`` without ``em_ext``: its ``em`` is the extended
+    normaliser's) is scored again from its answer, so a resumed run never averages the two meanings of ``em``;
+    scores the split did not touch (a judge verdict) are kept."""
+    scores = trace.meta.get("scores")
+    if isinstance(scores, dict) and "em" in scores and "em_ext" not in scores:
+        fresh = score_trace(trace)
+        trace.meta["scores"] = {**scores, **fresh}
+    return trace
+
+
 def read_traces(path: Path, repair: bool = False) -> list[Trace]:
     """The complete trace lines of ``path``; with ``repair`` a torn last line (a killed write) is cut off.
 
@@ -304,7 +315,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
 
     if config.judge:
         _judge_traces(config, out, llm)
-    metrics = aggregate(read_traces(traces_path))
+    metrics = aggregate(rescore_legacy(t) for t in read_traces(traces_path))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     from sleuth.eval.report import markdown_report
 
