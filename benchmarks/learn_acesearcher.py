@@ -33,13 +33,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-from sleuth.eval.stats import bootstrap_ci, paired_difference_ci
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results" / "learn_acesearcher"
@@ -98,6 +95,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "dpo_steps": 1,
             "dpo_lr": 1e-3,
             "dpo_batch": 2,
+            "dpo_epochs": 1.0,
             "dev_questions": 1,
             "k": 2,
             "total_passages": 4,
@@ -110,7 +108,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "max_hops": 3,
             "train_questions": 2000,
             "dev_questions": 100,
-            "test_questions": args.test_questions,
+            "test_questions": max(args.test_questions, 150),
         },
         "sft_questions": {
             "decompose": args.sft_decompose_questions,
@@ -128,6 +126,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "dpo_steps": -1,
         "dpo_lr": args.dpo_lr,
         "dpo_batch": 8,
+        "dpo_epochs": args.dpo_epochs,
         "dev_questions": 0,
         "k": args.k,
         "total_passages": args.total_passages,
@@ -218,6 +217,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
         max_steps=s["dpo_steps"],
+        epochs=s["dpo_epochs"],
         max_length=s["max_length"],
         warmup_ratio=0.0 if args.smoke else 0.05,
         seed=args.seed,
@@ -231,99 +231,67 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def plot(stages: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
+def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) -> str:
+    from harness import difference_table, pct, short, stage_table, trials_table
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install 'sleuth[report]'): no curve.png")
-        return False
-    names = [s["stage"] for s in stages]
-    means = [100 * s["em"]["mean"] for s in stages]
-    lower = [100 * (s["em"]["mean"] - s["em"]["lo"]) for s in stages]
-    upper = [100 * (s["em"]["hi"] - s["em"]["mean"]) for s in stages]
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.errorbar(range(len(names)), means, yerr=[lower, upper], marker="o", capsize=4)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("test EM (%)")
-    ax.set_title("AceSearcher recipe on the synthetic world (95% bootstrap CI)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def _short(path: str) -> str:
-    """A model directory for the table: relative to the repository when inside it."""
-    try:
-        return str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        return path
+    test, dev = results["test"], results["dev"]
+    lines = exp.header(
+        "Learning benchmark: AceSearcher SFT + mDPO on the synthetic world",
+        f"Test: {results['test_questions']} held-out questions (2-3 hops, entities disjoint from training and dev), "
+        f"never used for a choice; dev: {results['dev_questions']} other held-out questions, for the settings. "
+        "Greedy decoding, BM25 top-k per sub-question. EM (SQuAD-normalised) with a 95% bootstrap CI over "
+        "questions.",
+    )
+    lines += ["## Test", ""]
+    lines += stage_table(test, ["em", "f1"], {k: f"`{short(v)}`" for k, v in results["models"].items()})
+    lines += ["", "Paired differences on the test questions:", ""]
+    lines += difference_table(results["differences"], ["em", "f1"])
+    lines += ["", "## Dev", ""]
+    lines += stage_table(dev, ["em", "f1"])
+    lines += [""] + trials_table(trials)
+    iterations = results["mdpo"].get("iterations") or []
+    if iterations:
+        lines += [
+            "",
+            "## mDPO iterations (training-question rollouts at T = 1.0)",
+            "",
+            "| iteration | questions | trajectories | mean reward | ties (decomposition / solver groups) | "
+            "pairs (decompose / subq / final / total) | DPO steps | DPO accuracy (mean / last) | "
+            "implicit-reward margin (mean / last) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for it in iterations:
+            pairs, ties, dpo = it.get("pairs") or {}, it.get("degenerate") or {}, it.get("dpo") or {}
+            lines.append(
+                f"| {it['iteration']} | {it.get('questions', '–')} | {it.get('trajectories', '–')} | "
+                f"{pct(it.get('mean_reward'))} | {ties.get('decompose_tie', 0)} / {ties.get('solver_tie', 0)} | "
+                f"{pairs.get('decompose', 0)} / {pairs.get('subq', 0)} / {pairs.get('final', 0)} / "
+                f"{pairs.get('total', 0)} | {dpo.get('steps', '–')} | {_num(dpo.get('accuracy'))} / "
+                f"{_num(dpo.get('final_accuracy'))} | {_num(dpo.get('margin'))} / {_num(dpo.get('final_margin'))} |"
+            )
+        lines += [
+            "",
+            "Mean reward: the paper's EM x format reward of the sampled trajectories. A decomposition group ties "
+            "when its m decompositions have the same mean reward, a solver group when its m' runs score alike; "
+            "tied groups give no pair. The implicit-reward margin is DPO's beta-scaled log-ratio gap "
+            "chosen - rejected (TRL's `rewards/margins`): about 0 means DPO did not move the model.",
+        ]
+    lines += [
+        "",
+        exp.seconds_line(),
+        "",
+        "Settings:",
+        "",
+        "```json",
+        json.dumps(results["settings"], indent=1),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def _num(value: Any) -> str:
     return "–" if value is None else f"{value:.3f}"
-
-
-def markdown(results: dict[str, Any]) -> str:
-    lines = [
-        "# Learning benchmark: AceSearcher SFT + mDPO on the synthetic world",
-        "",
-        f"`python benchmarks/learn_acesearcher.py{' --smoke' if results['smoke'] else ''}"
-        f" --engine '{results['settings'].get('engine', 'hf')}'` "
-        f"on {results['machine']}; recorded compute per stage (summed over resumed runs): "
-        + ", ".join(f"{k} {v / 60:.0f} min" for k, v in results["seconds"].items())
-        + f"; this invocation {results['seconds_total'] / 60:.0f} min.",
-        "",
-        f"Test questions: {results['test_questions']} held-out questions (2-3 hops, entities disjoint from "
-        "training). Greedy decoding, BM25 top-k per sub-question. EM with a 95% bootstrap CI over questions "
-        "(1000 resamples).",
-        "",
-        "| stage | model | EM | 95% CI |",
-        "|---|---|---|---|",
-    ]
-    for s in results["stages"]:
-        em = s["em"]
-        lines.append(
-            f"| {s['stage']} | `{_short(s['model'])}` | {100 * em['mean']:.1f} | "
-            f"[{100 * em['lo']:.1f}, {100 * em['hi']:.1f}] |"
-        )
-    lines += [
-        "",
-        "Paired differences (same questions; p = share of resamples with a difference <= 0):",
-        "",
-        "| comparison | EM difference | 95% CI | p |",
-        "|---|---|---|---|",
-    ]
-    for name, d in results["differences"].items():
-        lines.append(
-            f"| {name} | {100 * d['mean']:+.1f} | [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] | "
-            f"{d['p_not_better']:.3f} |"
-        )
-    if results.get("mdpo"):
-        lines += [
-            "",
-            "mDPO iterations (training-question rollouts):",
-            "",
-            "| iteration | trajectories | ties (decomposition / solver groups) | pairs (decompose / subq / final) "
-            "| mean reward | reward margin | DPO steps | DPO accuracy | final implicit-reward margin |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for it in results["mdpo"]["iterations"]:
-            pairs = it.get("pairs") or {}
-            ties = it.get("degenerate") or {}
-            lines.append(
-                f"| {it['iteration']} | {it.get('trajectories', '–')} | {ties.get('decompose_tie', '–')} / "
-                f"{ties.get('solver_tie', '–')} | {pairs.get('decompose', 0)} / {pairs.get('subq', 0)} / "
-                f"{pairs.get('final', 0)} | {_num(it.get('mean_reward'))} | {_num(it.get('reward_margin'))} | "
-                f"{it.get('dpo_steps', '–')} | {_num(it.get('dpo_accuracy'))} | {_num(it.get('dpo_final_margin'))} |"
-            )
-    lines += ["", "Settings:", "", "```json", json.dumps(results["settings"], indent=2), "```", ""]
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -337,21 +305,23 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-acesearcher)")
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--test-questions", type=int, default=60)
+    parser.add_argument("--test-questions", type=int, default=150, help="held-out test questions (>= 100)")
+    parser.add_argument("--dev-questions", type=int, default=100, help="held-out dev questions, for choices")
     parser.add_argument(
-        "--sft-questions", type=int, default=24, help="training questions turned into context-QA and final records"
+        "--sft-questions", type=int, default=48, help="training questions turned into context-QA and final records"
     )
     parser.add_argument(
-        "--sft-decompose-questions", type=int, default=160, help="training questions turned into decomposition records"
+        "--sft-decompose-questions", type=int, default=200, help="training questions turned into decomposition records"
     )
-    parser.add_argument("--rft-questions", type=int, default=16, help="training questions sampled per mDPO iteration")
-    parser.add_argument("--decompositions", type=int, default=2, help="m (paper: 3)")
-    parser.add_argument("--solutions", type=int, default=3, help="m' (paper: 4)")
+    parser.add_argument("--rft-questions", type=int, default=100, help="training questions sampled per mDPO iteration")
+    parser.add_argument("--decompositions", type=int, default=3, help="m (paper: 3)")
+    parser.add_argument("--solutions", type=int, default=4, help="m' (paper: 4)")
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--k", type=int, default=3, help="passages per sub-question (paper: 10)")
     parser.add_argument("--total-passages", type=int, default=6, help="N, the final call's passage budget (paper: 15)")
     parser.add_argument("--sft-lr", type=float, default=1e-4, help="paper: 5e-6 (1.5B, 180K records)")
-    parser.add_argument("--dpo-lr", type=float, default=5e-6, help="paper: 1e-6 (1.5B, 49K prompts)")
+    parser.add_argument("--dpo-lr", type=float, default=2e-5, help="paper: 1e-6 (1.5B, 49K prompts)")
+    parser.add_argument("--dpo-epochs", type=float, default=1.0)
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
     parser.add_argument(
@@ -360,32 +330,31 @@ def main() -> None:
         help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
     )
     args = parser.parse_args()
-    from sleuth.train.mdpo import auto_engine
-
-    args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
-    print(f"engine: {args.engine}", flush=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness import Experiment, key_hash, plot
 
     from sleuth.agents.acesearcher import AceSearcherConfig
     from sleuth.data.synth import load_synth, synthesize
     from sleuth.llm import Sampling
     from sleuth.retrieval.bm25 import build_bm25_index
+    from sleuth.train.mdpo import auto_engine
 
-    started = time.perf_counter()
+    args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
+    print(f"engine: {args.engine}", flush=True)
     s = settings(args)
     work = args.work or REPO / "runs" / ("learn-acesearcher-smoke" if args.smoke else "learn-acesearcher")
-    results_dir = args.results or (work / "results" if args.smoke else RESULTS)
-    work.mkdir(parents=True, exist_ok=True)
-    results_dir.mkdir(parents=True, exist_ok=True)
-    # resumption reuses the world, models and cached evals of the working directory: only with the same settings
-    stamp = work / "settings.json"
-    engine = {"engine": args.engine} if args.engine != "hf" else {}  # hf runs from before the option still resume
-    key = json.loads(json.dumps({**s, "index": args.index, "llm_options": args.llm_options, **engine}))
-    if stamp.exists() and json.loads(stamp.read_text()) != key:
-        raise SystemExit(f"{work} holds a run with other settings ({stamp}); remove it or pass --work DIR")
-    stamp.write_text(json.dumps(key, indent=2) + "\n")
+    exp = Experiment(
+        "learn_acesearcher", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed
+    )
+
     world = work / "world"
-    if not (world / "world.json").exists():
-        synthesize(world, **s["world"])
+
+    def make_world() -> dict[str, Any]:
+        if not (world / "world.json").exists():
+            synthesize(world, **s["world"])
+        return {"world": str(world)}
+
+    exp.stage("world", s["world"], make_world)
     if not args.index:
         index_dir = work / "index"
         if not index_dir.exists():
@@ -401,80 +370,95 @@ def main() -> None:
         subanswer_max_new_tokens=tokens["subanswer"],
         final_max_new_tokens=tokens["final"],
     )
-    test = list(load_synth(world / "test.jsonl"))[: s["world"]["test_questions"]]
-
-    stages: list[dict[str, Any]] = []
-    seconds: dict[str, float] = {}
+    splits = {
+        "test": list(load_synth(world / "test.jsonl"))[: args.test_questions],
+        "dev": list(load_synth(world / "dev.jsonl"))[: args.dev_questions],
+    }
+    eval_key = {"agent": dataclasses.asdict(agent), "index": args.index, "options": args.llm_options}
+    evaluations: dict[str, dict[str, Any]] = {"test": {}, "dev": {}}
+    models: dict[str, str] = {}
 
     def measure(stage: str, model: Path) -> None:
-        cached = work / "eval" / f"{stage}.json"  # a rerun after a kill skips the stages already measured
-        if cached.exists():
-            result = json.loads(cached.read_text())
-        else:
-            result = evaluate(model, test, args.index, agent, args.llm_options, args.engine)
-            cached.parent.mkdir(exist_ok=True)
-            cached.write_text(json.dumps(result) + "\n")
-        stages.append(
-            {
-                "stage": stage,
-                "model": str(model),
-                "em": bootstrap_ci(result["per_example_em"], seed=args.seed),
-                "per_example_em": result["per_example_em"],
-                "errors": result["errors"],
-                "seconds": result["seconds"],
-            }
-        )
-        print(f"{stage}: EM {100 * stages[-1]['em']['mean']:.1f} on {len(test)} test questions", flush=True)
+        models[stage] = str(model)
+        for split, examples in splits.items():
+            key = {**eval_key, "model": str(model), "questions": len(examples)}
+
+            def run(examples: list[Any] = examples) -> dict[str, Any]:
+                result = evaluate(model, examples, args.index, agent, args.llm_options, args.engine)
+                return {
+                    "per_example": {"em": result["per_example_em"], "f1": result["per_example_f1"]},
+                    "errors": result["errors"],
+                    "engine": args.engine,
+                }
+
+            evaluations[split][stage] = exp.evaluate(stage, split, key, run)
 
     base = base_model(args, work)
     measure("base", base)
+    sft_key = {
+        "world": s["world"],
+        **{k: s[k] for k in ("sft_questions", "sft_steps", "sft_lr", "sft_batch", "max_length", "k")},
+    }
     try:
-        sft, seconds["sft"] = run_sft(base, world, work / "sft", s, agent, args.seed)
+        sft = Path(
+            exp.stage(
+                "sft", sft_key, lambda: {"model": str(run_sft(base, world, work / "sft", s, agent, args.seed)[0])}
+            )["model"]
+        )
     except ImportError as exc:  # the SFT trainer needs the train extra
         raise SystemExit(f"SFT needs sleuth[train]: {exc}") from None
     measure("sft", sft)
-    summary = run_mdpo(sft, world, work / "mdpo", s, agent, args)
-    seconds["mdpo"] = _mdpo_seconds(work / "mdpo")
+    mdpo_keys = (
+        "rft_questions",
+        "decompositions",
+        "solutions",
+        "iterations",
+        "dpo_steps",
+        "dpo_lr",
+        "dpo_batch",
+        "dpo_epochs",
+        "tokens",
+        "total_passages",
+    )
+    mdpo_key = {"sft": sft_key, **{k: s[k] for k in mdpo_keys}, "engine": args.engine}
+    # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
+    mdpo_dir = work / f"mdpo-{key_hash(mdpo_key)}"
+    summary = exp.stage(mdpo_dir.name, mdpo_key, lambda: run_mdpo(sft, world, mdpo_dir, s, agent, args))
     for it in summary["iterations"]:  # what the table needs to explain a flat curve: ties and how far DPO moved
-        stats_file = work / "mdpo" / f"iter{it['iteration']}" / "stats.json"
+        stats_file = mdpo_dir / f"iter{it['iteration']}" / "stats.json"
         if stats_file.exists():
             stats = json.loads(stats_file.read_text())
             it["trajectories"] = stats.get("trajectories")
+            it["questions"] = stats.get("questions")
             it["degenerate"] = stats.get("degenerate")
-            it["dpo_steps"] = (stats.get("dpo") or {}).get("steps")
-            it["dpo_final_margin"] = (stats.get("dpo") or {}).get("final_margin")
-    for it in summary["iterations"]:
-        measure(f"mdpo-{it['iteration']}", work / "mdpo" / f"iter{it['iteration']}" / "model")
+            it["dpo"] = {k: v for k, v in (stats.get("dpo") or {}).items() if k != "log_history"}
+        measure(f"mdpo-{it['iteration']}", mdpo_dir / f"iter{it['iteration']}" / "model")
 
-    by_name = {st["stage"]: st["per_example_em"] for st in stages}
-    names = [st["stage"] for st in stages]
+    names = list(evaluations["test"])
     comparisons = [("sft", "base"), *[(n, "sft") for n in names if n.startswith("mdpo")]]
     comparisons += [(names[i], names[i - 1]) for i in range(3, len(names))]
-    differences = {
-        f"{after} - {before}": paired_difference_ci(by_name[before], by_name[after], seed=args.seed)
-        for after, before in comparisons
-    }
+    settings_record = {**s, "agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "engine": args.engine}
+    trials = exp.record_trial(
+        {k: v for k, v in settings_record.items() if k not in ("agent",)}, evaluations["dev"], "em"
+    )
     results = {
         "smoke": args.smoke,
-        "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
-        "test_questions": len(test),
-        "settings": {
-            **s,
-            "agent": dataclasses.asdict(agent),
-            "llm_options": args.llm_options,
-            "index": args.index,
-            "engine": args.engine,
-        },
-        "stages": stages,
-        "differences": differences,
+        "test_questions": len(splits["test"]),
+        "dev_questions": len(splits["dev"]),
+        "settings": settings_record,
+        "models": models,
+        "test": evaluations["test"],
+        "dev": evaluations["dev"],
+        "differences": exp.differences(evaluations["test"], comparisons, ["em", "f1"]),
         "mdpo": summary,
-        "seconds": {**seconds, "eval": sum(st["seconds"] for st in stages)},
-        "seconds_total": time.perf_counter() - started,
     }
-    (results_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    plot(stages, results_dir / "curve.png")
-    (results_dir / "results.md").write_text(markdown(results))
-    print(f"results in {results_dir}")
+    plot(
+        {split: [(st, e["ci"]["em"]) for st, e in evaluations[split].items()] for split in ("test", "dev")},
+        exp.results / "curve.png",
+        "EM (%)",
+        "AceSearcher recipe on the synthetic world (95% bootstrap CI)",
+    )
+    exp.write(results, markdown(exp, results, trials))
 
 
 if __name__ == "__main__":

@@ -854,6 +854,7 @@ def evaluate_dev(
         "f1": sum(f1) / len(f1),
         "errors": sum(t.error is not None for t in traces),
         "per_example_em": em,
+        "per_example_f1": f1,
     }
 
 
@@ -1155,12 +1156,12 @@ def _iterate(
             rollouts=len(store),
             **pair_stats,
             dpo={k: v for k, v in train_stats.items() if k != "log_history"},
-            dev={k: v for k, v in dev_stats.items() if k != "per_example_em"},
+            dev={k: v for k, v in dev_stats.items() if not k.startswith("per_example")},
             seconds=seconds,
         )
         if (it / "dev_initial.json").exists():
             initial = json.loads((it / "dev_initial.json").read_text())
-            stats["dev_initial"] = {k: v for k, v in initial.items() if k != "per_example_em"}
+            stats["dev_initial"] = {k: v for k, v in initial.items() if not k.startswith("per_example")}
         _write_json(stats_path, stats)
         _log(config, f"iteration {t}: dev EM {dev_stats.get('em')}, DPO accuracy {train_stats.get('accuracy')}")
         iterations.append(stats)

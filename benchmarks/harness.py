@@ -1,0 +1,301 @@
+"""What the four learning benchmarks (``learn_*.py``) share: stages that run once and resume, evaluations cached per
+stage and split, bootstrap CIs, paired differences, the list of settings tried on the dev split, and the report
+(``results.json``, ``results.md``, ``curve.png``).
+
+A benchmark is a sequence of stages (build a world, SFT, mDPO, ...) and evaluations of the models they produce::
+
+    exp = Experiment("learn_acesearcher", work, results, seed=0)
+    sft = exp.stage("sft", {"lr": 1e-4, ...}, lambda: {"model": str(train_sft(...))})
+    test = exp.evaluate("sft", "test", {"model": sft["model"]}, lambda: {"per_example": {"em": [...]}})
+
+Each stage's result is cached in ``WORK/stages/<name>.json`` with the settings it ran with (its *key*), and each
+evaluation in ``WORK/eval/<split>/<stage>-<hash of its key>.json``. A rerun after a kill skips what finished and
+calls the rest again, so a stage's function must itself resume (the trainers do: they restart from their last
+checkpoint). A cached stage whose key differs from this run's is an error naming the files to remove: results of
+one setting are never mixed with another's. A benchmark that wants settings side by side names the stage (and its
+output directory) after :func:`key_hash` of its key.
+
+Hyper-parameters are chosen on the dev split only: :meth:`Experiment.record_trial` appends each run's settings and
+dev metrics to ``RESULTS/trials.json`` (kept across work directories), and the report lists them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sleuth.eval.stats import bootstrap_ci, paired_difference_ci
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+
+
+def key_hash(key: Any) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def machine() -> str:
+    return f"{platform.machine()} {platform.system()}, python {platform.python_version()}"
+
+
+def command_line() -> str:
+    return shlex.join(["python", *[_relative(a) for a in sys.argv]])
+
+
+def _relative(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(REPO)) if "/" in path else path
+    except ValueError:
+        return path
+
+
+def short(path: str | Path) -> str:
+    """A model directory for a table: relative to the repository when inside it."""
+    return _relative(str(path))
+
+
+class Experiment:
+    """One benchmark run: its working directory (stage outputs, caches) and its results directory (the report)."""
+
+    def __init__(self, name: str, work: Path, results: Path, seed: int = 0) -> None:
+        self.name, self.work, self.results, self.seed = name, work, results, seed
+        self.started = time.perf_counter()
+        work.mkdir(parents=True, exist_ok=True)
+        results.mkdir(parents=True, exist_ok=True)
+        self.seconds: dict[str, float] = {}
+
+    # -- stages ----------------------------------------------------------------------------------------------------
+
+    def _cached(self, path: Path, key: Any, what: str) -> dict[str, Any] | None:
+        """The cached record at ``path`` when its key is ``key``; an error when it holds another key."""
+        key = json.loads(json.dumps(key, default=str))
+        pending = path.with_suffix(".key.json")
+        for file in (path, pending):
+            if file.exists():
+                stored = json.loads(file.read_text())
+                if stored.get("key") != key:
+                    raise SystemExit(
+                        f"{what}: {file} was made with other settings than this run's; remove it (and the stages "
+                        f"after it) or pass --work DIR.\n  stored: {json.dumps(stored.get('key'))}\n  now:    "
+                        f"{json.dumps(key)}"
+                    )
+        if path.exists():
+            return json.loads(path.read_text())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pending.write_text(json.dumps({"key": key}, default=str) + "\n")  # a killed stage resumes only as itself
+        return None
+
+    def _store(self, path: Path, key: Any, result: dict[str, Any], seconds: float) -> dict[str, Any]:
+        record = {"key": json.loads(json.dumps(key, default=str)), "seconds": round(seconds, 1), **result}
+        path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+        path.with_suffix(".key.json").unlink(missing_ok=True)
+        return record
+
+    def stage(self, name: str, key: Any, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``run()``'s result (a JSON object) for stage ``name``, computed once per ``key``; seconds recorded."""
+        path = self.work / "stages" / f"{name}.json"
+        cached = self._cached(path, key, f"stage {name}")
+        if cached is None:
+            print(f"[{self.name}] stage {name} ...", flush=True)
+            started = time.perf_counter()
+            cached = self._store(path, key, run(), time.perf_counter() - started)
+        self.seconds[name] = cached["seconds"]
+        return cached
+
+    def evaluate(self, stage: str, split: str, key: Any, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Evaluation of stage ``stage`` on ``split``: ``run()`` returns ``{"per_example": {metric: [values]}}``
+        (plus anything else worth keeping); cached like a stage. Adds ``ci``: a bootstrap CI per metric."""
+        # an evaluation is a pure function of its key (model, questions, agent): cached under the key's hash, so
+        # trying another setting of a later stage keeps the earlier evaluations and never mixes two settings
+        path = self.work / "eval" / split / f"{stage}-{key_hash(key)}.json"
+        cached = self._cached(path, key, f"evaluation of {stage} on {split}")
+        if cached is None:
+            print(f"[{self.name}] evaluating {stage} on {split} ...", flush=True)
+            started = time.perf_counter()
+            cached = self._store(path, key, run(), time.perf_counter() - started)
+        self.seconds[f"eval {split} {stage}"] = cached["seconds"]
+        cached["ci"] = {m: bootstrap_ci(v, seed=self.seed) for m, v in cached["per_example"].items()}
+        shown = ", ".join(f"{m} {100 * c['mean']:.1f}" for m, c in cached["ci"].items())
+        print(f"[{self.name}] {stage} on {split} (n={self.n(cached)}): {shown}", flush=True)
+        return cached
+
+    @staticmethod
+    def n(evaluation: dict[str, Any]) -> int:
+        return len(next(iter(evaluation["per_example"].values()), []))
+
+    def differences(
+        self, evaluations: dict[str, dict[str, Any]], pairs: Sequence[tuple[str, str]], metrics: Sequence[str]
+    ) -> dict[str, dict[str, dict[str, float]]]:
+        """Paired bootstrap CI of ``after - before`` per metric, for each ``(after, before)`` of ``pairs``."""
+        return {
+            f"{after} - {before}": {
+                m: paired_difference_ci(
+                    evaluations[before]["per_example"][m], evaluations[after]["per_example"][m], seed=self.seed
+                )
+                for m in metrics
+            }
+            for after, before in pairs
+            if after in evaluations and before in evaluations
+        }
+
+    # -- settings tried on the dev split ---------------------------------------------------------------------------
+
+    def record_trial(self, settings: dict[str, Any], dev: dict[str, dict[str, Any]], metric: str) -> list[dict]:
+        """Add this run's settings and its dev-split ``metric`` per stage to ``RESULTS/trials.json``; all trials."""
+        path = self.results / "trials.json"
+        trials = json.loads(path.read_text()) if path.exists() else []
+        entry = {
+            "id": key_hash(settings),
+            "settings": json.loads(json.dumps(settings, default=str)),
+            "dev": {stage: round(100 * e["ci"][metric]["mean"], 1) for stage, e in dev.items()},
+            "dev_n": max((self.n(e) for e in dev.values()), default=0),
+            "metric": metric,
+        }
+        trials = [t for t in trials if t["id"] != entry["id"]] + [entry]
+        path.write_text(json.dumps(trials, indent=1) + "\n")
+        return trials
+
+    # -- report ----------------------------------------------------------------------------------------------------
+
+    def write(self, results: dict[str, Any], markdown: str) -> None:
+        results = {
+            "benchmark": self.name,
+            "command": command_line(),
+            "machine": machine(),
+            "seconds": {**self.seconds, "this_invocation": round(time.perf_counter() - self.started, 1)},
+            **results,
+        }
+        (self.results / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+        (self.results / "results.md").write_text(markdown)
+        print(f"results in {self.results}", flush=True)
+
+    def header(self, title: str, summary: str) -> list[str]:
+        minutes = sum(v for k, v in self.seconds.items()) / 60
+        return [
+            f"# {title}",
+            "",
+            f"`{command_line()}` on {machine()}; recorded compute {minutes:.0f} min in all (per stage below; "
+            "a resumed run keeps the earlier runs' timings).",
+            "",
+            summary,
+            "",
+        ]
+
+    def seconds_line(self) -> str:
+        return "Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items()) + "."
+
+
+def pct(x: float | None, signed: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
+
+
+def stage_table(evaluations: dict[str, dict[str, Any]], metrics: Sequence[str], extra: dict[str, str] | None = None):
+    """Markdown rows: one per stage, each metric as ``mean [lo, hi]``; ``extra`` maps a stage to a last cell."""
+    head = "| stage | n | " + " | ".join(metrics) + (" | model |" if extra else " |")
+    lines = [head, "|---" * (len(metrics) + 2 + bool(extra)) + "|"]
+    for stage, e in evaluations.items():
+        cells = [f"{pct(e['ci'][m]['mean'])} [{pct(e['ci'][m]['lo'])}, {pct(e['ci'][m]['hi'])}]" for m in metrics]
+        tail = f" | {extra.get(stage, '')} |" if extra else " |"
+        lines.append(f"| {stage} | {Experiment.n(e)} | " + " | ".join(cells) + tail)
+    return lines
+
+
+def difference_table(differences: dict[str, dict[str, dict[str, float]]], metrics: Sequence[str]) -> list[str]:
+    """Markdown rows: one per comparison, each metric as ``+d [lo, hi] p``; a CI strictly above 0 is marked ✓."""
+    lines = ["| comparison | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
+    for name, per_metric in differences.items():
+        cells = []
+        for m in metrics:
+            d = per_metric[m]
+            mark = " ✓" if d["lo"] > 0 else ""
+            cells.append(
+                f"{pct(d['mean'], True)} [{pct(d['lo'], True)}, {pct(d['hi'], True)}] p {d['p_not_better']:.3f}{mark}"
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Paired bootstrap over the same questions (1000 resamples); p = share of resamples with a "
+        "difference <= 0; ✓ = 95% CI strictly above 0.",
+    ]
+    return lines
+
+
+def trials_table(trials: list[dict[str, Any]], varying_only: bool = True) -> list[str]:
+    """Markdown rows of every setting tried, with its dev result per stage (only the settings that differ)."""
+    if not trials:
+        return []
+    keys = sorted({k for t in trials for k in _flat(t["settings"])})
+    flat = [_flat(t["settings"]) for t in trials]
+    if varying_only and len(trials) > 1:
+        keys = [k for k in keys if len({json.dumps(f.get(k)) for f in flat}) > 1]
+    elif varying_only:
+        keys = []
+    stages = list(dict.fromkeys(s for t in trials for s in t["dev"]))
+    metric = trials[-1]["metric"]
+    lines = [
+        f"Settings tried (dev split, {metric}; the test split was not looked at to choose):",
+        "",
+        "| trial | " + " | ".join(keys + [f"dev {s}" for s in stages]) + " |",
+        "|---" * (len(keys) + len(stages) + 1) + "|",
+    ]
+    for t, f in zip(trials, flat, strict=True):
+        cells = [json.dumps(f.get(k)) for k in keys] + [str(t["dev"].get(s, "–")) for s in stages]
+        lines.append(f"| {t['id']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def plot(lines: dict[str, list[tuple[str, dict[str, float]]]], path: Path, ylabel: str, title: str) -> bool:
+    """One error-bar line per entry of ``lines`` (label -> [(stage, ci)]), CIs as error bars; False without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'sleuth[report]'): no curve.png")
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    names: list[str] = []
+    for points in lines.values():
+        for stage, _ in points:
+            if stage not in names:
+                names.append(stage)
+    for (label, points), style in zip(lines.items(), ("o-", "s--", "^-.", "d:"), strict=False):
+        xs = [names.index(stage) for stage, _ in points]
+        means = [100 * ci["mean"] for _, ci in points]
+        err = [
+            [100 * (ci["mean"] - ci["lo"]) for _, ci in points],
+            [100 * (ci["hi"] - ci["mean"]) for _, ci in points],
+        ]
+        ax.errorbar(xs, means, yerr=err, fmt=style, capsize=4, label=label, alpha=0.85)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if len(lines) > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
