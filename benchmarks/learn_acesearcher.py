@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -47,26 +47,46 @@ RESULTS = REPO / "docs" / "results" / "learn_acesearcher"
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def evaluate(
-    model_dir: Path, examples: list[Any], index: str, agent: Any, options: str, engine: str = "hf"
-) -> dict[str, Any]:
-    """Greedy acesearcher EM of one model on ``examples`` (per-question values kept for the paired CIs)."""
-    from types import SimpleNamespace
+class ModelServer:
+    """The LLM of one model, opened on first use and shared by its evaluations (one vLLM server start per model,
+    not per split)."""
 
-    from sleuth.llm import load_llm
+    def __init__(self, model_dir: Path, engine: str, options: str) -> None:
+        self.model_dir, self.engine, self.options, self.llm = model_dir, engine, options, None
+
+    def __enter__(self) -> ModelServer:
+        return self
+
+    def get(self) -> Any:
+        if self.llm is None:
+            from types import SimpleNamespace
+
+            from sleuth.llm import load_llm
+            from sleuth.train.mdpo import engine_spec
+
+            self.llm = load_llm(
+                engine_spec(SimpleNamespace(engine=self.engine, llm_options=self.options), self.model_dir)
+            )
+        return self.llm
+
+    def __exit__(self, *exc: object) -> None:
+        if self.llm is not None:
+            from sleuth.train.mdpo import close_llm
+
+            close_llm(self.llm)
+
+
+def evaluate(server: ModelServer, examples: list[Any], index: str, agent: Any) -> dict[str, Any]:
+    """Greedy acesearcher EM / F1 of one model on ``examples``, per question (for the paired CIs)."""
     from sleuth.retrieval import load_retriever
-    from sleuth.train.mdpo import close_llm, engine_spec, evaluate_dev
+    from sleuth.train.mdpo import evaluate_dev
 
-    started = time.perf_counter()
-    llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=options), model_dir))
-    try:
-        result = evaluate_dev(examples, llm, load_retriever(index), agent, concurrency=64, progress=True)
-    finally:
-        close_llm(llm)
-    result["engine"] = engine
-    result["seconds"] = round(time.perf_counter() - started, 1)
-    result["model"] = str(model_dir)
-    return result
+    result = evaluate_dev(examples, server.get(), load_retriever(index), agent, concurrency=64, progress=True)
+    return {
+        "per_example": {"em": result["per_example_em"], "f1": result["per_example_f1"]},
+        "errors": result["errors"],
+        "engine": server.engine,
+    }
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -380,18 +400,11 @@ def main() -> None:
 
     def measure(stage: str, model: Path) -> None:
         models[stage] = str(model)
-        for split, examples in splits.items():
-            key = {**eval_key, "model": str(model), "questions": len(examples)}
-
-            def run(examples: list[Any] = examples) -> dict[str, Any]:
-                result = evaluate(model, examples, args.index, agent, args.llm_options, args.engine)
-                return {
-                    "per_example": {"em": result["per_example_em"], "f1": result["per_example_f1"]},
-                    "errors": result["errors"],
-                    "engine": args.engine,
-                }
-
-            evaluations[split][stage] = exp.evaluate(stage, split, key, run)
+        with ModelServer(model, args.engine, args.llm_options) as server:
+            for split, examples in splits.items():
+                key = {**eval_key, "model": str(model), "questions": len(examples)}
+                run = functools.partial(evaluate, server, examples, args.index, agent)
+                evaluations[split][stage] = exp.evaluate(stage, split, key, run)
 
     base = base_model(args, work)
     measure("base", base)
