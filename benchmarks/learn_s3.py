@@ -4,8 +4,14 @@ multi-hop questions, with bootstrap CIs.
 
 The searcher is SmolLM2-135M-Instruct (LoRA off: full fine-tuning of the 135M model), the frozen generator is the
 same base model loaded separately (it never changes). Training: ``sleuth.train.s3_rl`` (PPO with a value head, KL
-in the reward, Gain Beyond RAG; the paper's filter drops questions naive RAG already answers). Accuracy is s3's
-GenAcc span check (normalised gold contained in the answer), no judge.
+in the reward, Gain Beyond RAG; the paper's filter drops questions naive RAG already answers) on the world's train
+split. Accuracy is s3's GenAcc span check (normalised gold contained in the answer), no judge.
+
+Two evaluation splits of the world, with entities disjoint from training and from each other: ``dev`` (the first
+``--dev-questions`` of the world's dev split), on which settings are compared and every setting tried is listed
+(``trials.json`` in the results directory), and ``test`` (the first ``--test-questions`` of its test split), which
+is reported and never used to choose anything. Stages, caching and the report come from ``benchmarks/harness.py``:
+a rerun resumes, and a changed setting never mixes with cached results.
 
     python benchmarks/learn_s3.py            # CPU: expect over an hour at the defaults (see docs)
     python benchmarks/learn_s3.py --smoke    # tiny random searcher, a few questions, 1 step
@@ -13,7 +19,8 @@ GenAcc span check (normalised gold contained in the answer), no judge.
 ``--engine`` runs the frozen generator (one server for the whole run) and the searcher's evaluations on ``hf`` or on
 vLLM servers sleuth starts (``vllm``, or a ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when
 vLLM is installed (``make vllm``), else ``hf``, and ``hf`` with ``--smoke``. The PPO rollouts sample from the live
-searcher: a vLLM rollout server reloads LoRA adapters, and this benchmark fine-tunes all weights.
+searcher: a vLLM rollout server reloads LoRA adapters, and this benchmark fine-tunes all weights. The engine and
+``--llm-options`` say how a stage is computed, not what: they are not part of the stages' keys.
 """
 
 from __future__ import annotations
@@ -21,30 +28,66 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from sleuth.eval.stats import bootstrap_ci, paired_difference_ci
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-REPO = Path(__file__).resolve().parents[1]
+from harness import (  # noqa: E402  (the benchmarks directory is not a package)
+    REPO,
+    Experiment,
+    difference_table,
+    key_hash,
+    plot,
+    short,
+    stage_table,
+    trials_table,
+)
+
 RESULTS = REPO / "docs" / "results" / "learn_s3"
 
 
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Every setting of the run, grouped by the stage that reads it (a group is that stage's part of its key).
+    ``--smoke`` fixes the sizes but keeps the learning rates and the seed given (to try resumption)."""
+    world: dict[str, Any] = {"seed": args.seed, "min_hops": 2, "max_hops": 3}
+    ppo = {"lr": args.lr, "critic_lr": args.critic_lr, "mini_batches": 2, "micro_batch": 2, "save_steps": 2}
+    if args.smoke:
+        world.update(train_entities=60, dev_entities=30, test_entities=30)
+        world.update(train_questions=12, dev_questions=2, test_questions=3)
+        return {
+            "world": world,
+            "eval": {"dev_questions": 2, "test_questions": 3, "tokens": 12, "generator_tokens": 24},
+            "ppo": {"steps": 1, "prompts": 2, **ppo},
+        }
+    # pools the evaluations take their first questions from: --dev/--test-questions up to 200 keep the world
+    world.update(train_questions=args.train_questions)
+    world.update(dev_questions=max(200, args.dev_questions), test_questions=max(200, args.test_questions))
+    return {
+        "world": world,
+        "eval": {
+            "dev_questions": args.dev_questions,
+            "test_questions": args.test_questions,
+            "tokens": 96,
+            "generator_tokens": 24,
+        },
+        "ppo": {"steps": args.steps, "prompts": args.prompts, **ppo},
+    }
+
+
+def stage_dir(exp: Experiment, name: str, key: Any) -> Path:
+    """The output directory of stage ``name`` run with ``key``: a new key trains into a new directory, so a stage
+    rerun after its cached record was removed never resumes another setting's checkpoints."""
+    return exp.work / f"{name}-{key_hash(key)}"
+
+
 def evaluate(
-    searcher: Path,
-    generator: Any,
-    examples: list[Any],
-    index: str,
-    agent: Any,
-    opts: str,
-    out: Path,
-    engine: str = "hf",
-) -> dict:
-    """Greedy s3 on ``examples``: per-question GenAcc (span) with the searcher's documents and with naive RAG's
-    top-k (the same generator and prompt on the documents retrieved for the question itself)."""
+    searcher: Path, generator: Any, examples: list[Any], index: str, agent: Any, opts: str, engine: str
+) -> dict[str, Any]:
+    """Greedy s3 on ``examples``: per-question GenAcc (span) with the searcher's documents (``genacc``) and with
+    naive RAG's top-k (``genacc_naive``: the same generator and prompt on the documents retrieved for the question
+    itself)."""
     import asyncio
     from types import SimpleNamespace
 
@@ -57,9 +100,6 @@ def evaluate(
     from sleuth.train.mdpo import close_llm, engine_spec
     from sleuth.train.rewards import generator_accuracy
 
-    if out.exists():
-        return json.loads(out.read_text())
-    started = time.perf_counter()
     llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=opts), searcher))
     ctx = Context(llm=llm, retriever=load_retriever(index), config=agent, roles={"generator": generator})
     try:
@@ -76,25 +116,42 @@ def evaluate(
 
         return list(await asyncio.gather(*(one(t) for t in traces)))
 
-    result = {
-        "model": str(searcher),
-        "n": len(traces),
-        "acc_s3": [float(accuracy(t.answer or "", t.example.answers)) for t in traces],
-        "acc_naive": asyncio.run(naive_accuracy()),
+    return {
+        "per_example": {
+            "genacc": [float(accuracy(t.answer or "", t.example.answers)) for t in traces],
+            "genacc_naive": asyncio.run(naive_accuracy()),
+        },
         "searches": [max(len(t.meta.get("rounds") or []) - 1, 0) for t in traces],
         "selected": [len(t.meta.get("selected_ids") or []) for t in traces],
-        "seconds": time.perf_counter() - started,
+        "model": str(searcher),
+        "engine": engine,
     }
-    out.write_text(json.dumps(result) + "\n")
-    return result
+
+
+def contexts(before: dict[str, Any], after: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The generator's accuracy per context, as harness evaluations of one metric ``genacc``: naive RAG (from the
+    evaluation before training: it does not depend on the searcher), the searcher before and after."""
+
+    def view(e: dict[str, Any], metric: str) -> dict[str, Any]:
+        return {**e, "per_example": {"genacc": e["per_example"][metric]}, "ci": {"genacc": e["ci"][metric]}}
+
+    views = {"naive RAG": view(before, "genacc_naive"), "s3 before": view(before, "genacc")}
+    if after is not None:
+        views["s3 after"] = view(after, "genacc")
+    return views
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--results", type=Path, default=None)
-    parser.add_argument("--test-questions", type=int, default=60)
+    parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-s3)")
+    parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
+    parser.add_argument("--test-questions", type=int, default=100, help="held-out questions reported (test split)")
+    parser.add_argument("--dev-questions", type=int, default=100, help="questions settings are compared on")
     parser.add_argument("--train-questions", type=int, default=400, help="before the naive-RAG filter")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--prompts", type=int, default=16, help="questions per step (paper: 120)")
@@ -115,129 +172,160 @@ def main() -> None:
     print(f"engine: {args.engine}", flush=True)
 
     from sleuth.agents.s3 import S3Config
+    from sleuth.assets import ensure_default_model
     from sleuth.data.synth import load_synth, synthesize
     from sleuth.llm import Sampling, load_llm
     from sleuth.retrieval.bm25 import build_bm25_index
     from sleuth.train.s3_rl import S3RLConfig, train_s3
 
-    started = time.perf_counter()
+    s = settings(args)
     work = args.work or REPO / "runs" / ("learn-s3-smoke" if args.smoke else "learn-s3")
-    results = args.results or (work / "results" if args.smoke else RESULTS)
-    work.mkdir(parents=True, exist_ok=True)
-    results.mkdir(parents=True, exist_ok=True)
-    (work / "eval").mkdir(exist_ok=True)
-    world = work / "world"
-    sizes: dict[str, Any] = {"min_hops": 2, "max_hops": 3, "train_questions": args.train_questions}
+    exp = Experiment("learn_s3", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed)
     if args.smoke:
         sys.path.insert(0, str(REPO))
         from tests.conftest import build_tiny_model
 
-        searcher = work / "tiny-model"
+        searcher = exp.work / "tiny-model"
         if not (searcher / "config.json").exists():
             build_tiny_model(searcher)
-        args.test_questions, args.steps, args.prompts = 3, 1, 2
-        sizes.update(train_entities=60, dev_entities=30, test_entities=30, train_questions=12, dev_questions=2)
-        tokens = 12
     else:
-        from sleuth.assets import ensure_default_model
-
         searcher = ensure_default_model()
-        tokens = 96
-    if not (world / "world.json").exists():
-        synthesize(world, seed=args.seed, test_questions=args.test_questions, **sizes)
-    index = work / "index"
-    if not index.exists():
-        build_bm25_index(world / "corpus.jsonl", index)
-    from sleuth.assets import ensure_default_model
+    generator_model = ensure_default_model()  # frozen: never trained
+    held: dict[str, Any] = {}
 
-    generator = load_llm(engine_spec(args, ensure_default_model()))  # frozen: never trained
-    agent = S3Config(k=3, k_initial=3, max_turns=2, sampling=Sampling(max_new_tokens=tokens))
-    agent.generator_sampling = dataclasses.replace(agent.generator_sampling, max_new_tokens=24)
-    test = list(load_synth(world / "test.jsonl"))[: args.test_questions]
-    base_eval = work / "eval" / "base.json"
-    before = evaluate(searcher, generator, test, str(index), agent, args.llm_options, base_eval, args.engine)
-    config = S3RLConfig(
-        model=str(searcher),
-        output_dir=str(work / "ppo"),
-        data_dir=str(world),
-        index=str(index),
-        steps=args.steps,
-        prompts_per_step=args.prompts,
-        mini_batches=2,
-        micro_batch=2,
-        learning_rate=args.lr,
-        critic_learning_rate=args.critic_lr,
-        save_steps=2,
-        seed=args.seed,
-        agent=agent,
+    def generator() -> Any:
+        """The frozen generator, loaded on first use (a fully cached rerun never loads it)."""
+        if "llm" not in held:
+            held["llm"] = load_llm(engine_spec(args, generator_model))
+        return held["llm"]
+
+    agent = S3Config(k=3, k_initial=3, max_turns=2, sampling=Sampling(max_new_tokens=s["eval"]["tokens"]))
+    agent.generator_sampling = dataclasses.replace(
+        agent.generator_sampling, max_new_tokens=s["eval"]["generator_tokens"]
     )
-    t = time.perf_counter()
-    summary = train_s3(config, generator=generator)
-    train_seconds = time.perf_counter() - t
-    after = evaluate(
-        work / "ppo" / "model",
-        generator,
-        test,
-        str(index),
-        agent,
-        args.llm_options,
-        work / "eval" / "ppo.json",
-        args.engine,
-    )
-    close_llm(generator)
-    table = {
-        "naive RAG": bootstrap_ci(before["acc_naive"], seed=args.seed),
-        "s3 before": bootstrap_ci(before["acc_s3"], seed=args.seed),
-        "s3 after": bootstrap_ci(after["acc_s3"], seed=args.seed),
+    agent_key = dataclasses.asdict(agent)
+
+    def make_world() -> dict[str, Any]:
+        out = stage_dir(exp, "world", s["world"])
+        if not (out / "world.json").exists():
+            synthesize(out, **s["world"])
+        if not (out / "index").exists():
+            build_bm25_index(out / "corpus.jsonl", out / "index")
+        return {"world": str(out), "index": str(out / "index")}
+
+    world_record = exp.stage("world", s["world"], make_world)
+    world, index = Path(world_record["world"]), world_record["index"]
+    splits = {}
+    for split in ("dev", "test"):
+        splits[split] = list(load_synth(world / f"{split}.jsonl"))[: s["eval"][f"{split}_questions"]]
+    evaluations: dict[str, dict[str, dict[str, Any]]] = {"dev": {}, "test": {}}
+
+    def measure(stage: str, model: Path) -> None:
+        for split, examples in splits.items():
+            key = {"searcher": str(model), "generator": str(generator_model), "questions": len(examples)}
+            evaluations[split][stage] = exp.evaluate(
+                stage,
+                split,
+                {**key, "agent": agent_key},
+                lambda examples=examples: evaluate(
+                    model, generator(), examples, index, agent, args.llm_options, args.engine
+                ),
+            )
+
+    try:
+        measure("base", searcher)
+        ppo_key = {
+            "world": str(world),
+            "searcher": str(searcher),
+            "generator": str(generator_model),
+            "ppo": s["ppo"],
+            "agent": agent_key,
+            "seed": args.seed,
+        }
+
+        def train() -> dict[str, Any]:
+            out = stage_dir(exp, "ppo", ppo_key)
+            p = s["ppo"]
+            config = S3RLConfig(
+                model=str(searcher),
+                output_dir=str(out),
+                data_dir=str(world),
+                index=index,
+                steps=p["steps"],
+                prompts_per_step=p["prompts"],
+                mini_batches=p["mini_batches"],
+                micro_batch=p["micro_batch"],
+                learning_rate=p["lr"],
+                critic_learning_rate=p["critic_lr"],
+                save_steps=p["save_steps"],
+                seed=args.seed,
+                agent=agent,
+            )
+            summary = train_s3(config, generator=generator())
+            log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+            return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log}
+
+        ppo = exp.stage("ppo", ppo_key, train)
+        measure("ppo", Path(ppo["model"]))
+    finally:
+        if "llm" in held:
+            close_llm(held["llm"])
+
+    views = {split: contexts(e["base"], e.get("ppo")) for split, e in evaluations.items()}
+    pairs = [("s3 before", "naive RAG"), ("s3 after", "naive RAG"), ("s3 after", "s3 before")]
+    differences = {split: exp.differences(v, pairs, ["genacc"]) for split, v in views.items()}
+    trial_settings = {**s, "agent": agent_key, "engine": args.engine}
+    trials = exp.record_trial(trial_settings, views["dev"], "genacc")
+
+    test = views["test"]
+    curve = {
+        "s3 searcher's documents": [("before", test["s3 before"]["ci"]["genacc"])],
+        "naive RAG top-3": [("before", test["naive RAG"]["ci"]["genacc"])],
     }
-    differences = {
-        "s3 before - naive RAG": paired_difference_ci(before["acc_naive"], before["acc_s3"], seed=args.seed),
-        "s3 after - naive RAG": paired_difference_ci(after["acc_naive"], after["acc_s3"], seed=args.seed),
-        "s3 after - s3 before": paired_difference_ci(before["acc_s3"], after["acc_s3"], seed=args.seed),
-    }
-    log = [json.loads(line) for line in (work / "ppo" / "log.jsonl").read_text().splitlines()]
+    if "s3 after" in test:
+        curve["s3 searcher's documents"].append(("after PPO", test["s3 after"]["ci"]["genacc"]))
+        curve["naive RAG top-3"].append(("after PPO", test["naive RAG"]["ci"]["genacc"]))
+    plot(curve, exp.results / "curve.png", "test GenAcc (%)", "s3 PPO on the synthetic world (95% bootstrap CI)")
+    curves = Path(ppo["dir"]) / "curves.png"
+    if curves.exists():
+        (exp.results / "curves.png").write_bytes(curves.read_bytes())
+
+    log = ppo["log"]
     step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
     rewarded = sum(1 for r in log if r.get("reward", 0.0) > 0)
-    out = {
-        "smoke": args.smoke,
-        "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
-        "test_questions": len(test),
-        "settings": {**vars(args), "work": str(work), "results": str(results), "agent": dataclasses.asdict(agent)},
-        "accuracy": table,
-        "differences": differences,
-        "searches": {"before": before["searches"], "after": after["searches"]},
-        "training": {"summary": summary, "seconds": train_seconds, "step_seconds": step_seconds},
-        "eval_seconds": {"before": before["seconds"], "after": after["seconds"]},
-        "log": log,
-        "seconds_total": time.perf_counter() - started,
-    }
-    (results / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-    lines = [
-        "# Learning benchmark: s3 PPO on the synthetic world (frozen SmolLM2 generator)",
-        "",
-        f"`{' '.join(['python', 'benchmarks/learn_s3.py', *sys.argv[1:]])}` on {out['machine']} (last invocation); "
-        f"{len(log)} PPO steps x {args.prompts} questions ({step_seconds:.0f} s of steps; evals "
-        f"{before['seconds']:.0f} s before, {after['seconds']:.0f} s after; {rewarded} step(s) with a mean reward "
-        f"above 0). {len(test)} test questions; training data after the filter: {summary['data']}.",
-        "",
-        "| generator context | GenAcc | 95% CI |",
-        "|---|---|---|",
-        *[f"| {k} | {100 * v['mean']:.1f} | [{100 * v['lo']:.1f}, {100 * v['hi']:.1f}] |" for k, v in table.items()],
-        "",
-        "| comparison | difference | paired 95% CI | p |",
-        "|---|---|---|---|",
-        *[
-            f"| {k} | {100 * d['mean']:+.1f} | [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] | "
-            f"{d['p_not_better']:.3f} |"
-            for k, d in differences.items()
-        ],
-        "",
-    ]
-    (results / "results.md").write_text("\n".join(lines))
-    curves = work / "ppo" / "curves.png"
-    if curves.exists():
-        (results / "curves.png").write_bytes(curves.read_bytes())
-    print(f"results in {results}")
+    models = {"naive RAG": "–", "s3 before": short(searcher), "s3 after": short(ppo["model"])}
+    shape = ", ".join(
+        f"{name} {mean(e['searches']):.2f} searches, {mean(e['selected']):.2f} documents selected"
+        for name, e in (("before", evaluations["test"]["base"]), ("after", evaluations["test"]["ppo"]))
+    )
+    lines = exp.header(
+        "Learning benchmark: s3 PPO on the synthetic world (frozen SmolLM2 generator)",
+        f"Test: the first {len(splits['test'])} questions of the world's test split, dev: the first "
+        f"{len(splits['dev'])} of its dev split (2-3 hops, entities disjoint from training and from each other). "
+        f"{len(log)} PPO steps x {s['ppo']['prompts']} questions ({step_seconds:.0f} s of steps; {rewarded} step(s) "
+        f"with a mean reward above 0); training data after the filter: {ppo['summary']['data']}. Engine "
+        f"{args.engine}. GenAcc (span) of the frozen generator with 95% bootstrap CIs over questions (1000 "
+        "resamples). Settings are compared on dev only.",
+    )
+    lines += ["## Test (held out)", "", *stage_table(test, ["genacc"], models), "", f"Per question: {shape}.", ""]
+    lines += [*difference_table(differences["test"], ["genacc"]), ""]
+    lines += ["## Dev", "", *stage_table(views["dev"], ["genacc"]), ""]
+    lines += [*difference_table(differences["dev"], ["genacc"]), ""]
+    lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
+    lines += ["Training curves: `curves.png` (reward, KL, entropy, response length, searches per PPO step).", ""]
+    lines += ["Settings:", "", "```json", json.dumps(trial_settings, indent=2), "```", ""]
+    exp.write(
+        {
+            "smoke": args.smoke,
+            "settings": trial_settings,
+            "evaluations": evaluations,
+            "accuracy": {split: {k: v["ci"]["genacc"] for k, v in view.items()} for split, view in views.items()},
+            "differences": differences,
+            "training": ppo,
+            "trials": trials,
+        },
+        "\n".join(lines),
+    )
 
 
 if __name__ == "__main__":
