@@ -533,19 +533,30 @@ train_online(config, FixedTask(), examples)
 '''
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize(
+    ("algorithm", "variant"),
+    [
+        ("grpo", {}),
+        ("ppo", {}),
+        # DDP over the shared value head, and over a policy that only accumulates during the critic's warm-up
+        ("ppo", {"critic": "shared_head", "critic_warmup_steps": 1}),
+        ("grpo", {"lora": True, "learning_rate": 1e-2}),  # DDP over the adapter's parameters only
+    ],
+    ids=["grpo", "ppo", "ppo-shared-head-warmup", "grpo-lora"],
+)
 def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
-    algorithm: str, tmp_path: Path, tiny_model_dir: Path
+    algorithm: str, variant: dict[str, Any], tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    """Data parallel (torchrun, gloo on CPU): each process trains on half the questions, gradients are summed with
-    global normalisation, so the weights after two steps equal a single process's on the same batches (for PPO:
-    the policy's and the separate critic's)."""
+    """Data parallel (torchrun, gloo on CPU): each process trains on half the questions, DDP syncs the gradients
+    (global normalisation, the loss scaled by the process count: sums), so the weights after two steps equal a single
+    process's on the same batches (for PPO: the policy's and the critic's, separate or shared head)."""
     import os
     import subprocess
     import sys
 
     import torch
 
+    assert not hasattr(online_rl.DataParallel, "sum_gradients")  # the engine syncs, nothing sums by hand
     script = tmp_path / "train.py"
     script.write_text(_DATA_PARALLEL_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -570,10 +581,13 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
             entropy_coef=0.01,
             save_steps=2,
         )
+        config = dataclasses.replace(config, **variant)
         args = json.dumps(dataclasses.asdict(config))
         done = subprocess.run([*launcher, str(script), args], env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         runs[name] = tmp_path / name
+    parallelism = {n: json.loads((d / "summary.json").read_text())["parallelism"] for n, d in runs.items()}
+    assert parallelism == {"one": "none", "two": "ddp"}
     one, two = _params(runs["one"] / "model"), _params(runs["two"] / "model")
     base = _params(tiny_model_dir)
     assert any(not torch.allclose(base[k], one[k], atol=1e-4) for k in base)  # training moved the weights
@@ -581,7 +595,11 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
     assert all(torch.allclose(one[k], two[k], atol=1e-4) for k in one), max(
         float((one[k] - two[k]).abs().max()) for k in one
     )
-    if algorithm == "ppo":  # the separate critic's gradients are summed across processes like the policy's
+    if variant.get("critic") == "shared_head":
+        h1, h2 = (torch.load(d / "checkpoint" / "value_head.pt", weights_only=True) for d in runs.values())
+        assert float(h1["bias"].abs()) > 0  # the head learned (alone in the warm-up step)
+        assert all(torch.allclose(h1[k], h2[k], atol=1e-4) for k in h1)
+    elif algorithm == "ppo":  # the separate critic's gradients are synced across processes like the policy's
         c1, c2 = _critic_params(runs["one"] / "checkpoint"), _critic_params(runs["two"] / "checkpoint")
         assert any(not torch.equal(c1[k], base[f"model.{k}"]) for k in c1 if not k.startswith("head."))
         assert all(torch.allclose(c1[k], c2[k], atol=1e-4) for k in c1), max(
@@ -617,7 +635,8 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     log = [json.loads(x) for x in (tmp_path / "failing" / "log.jsonl").read_text().splitlines()]
-    assert [r["failed"] for r in log] == [len(stored) // 2] * 2 and all("loss" in r for r in log)
+    assert [r["failed"] for r in log] == [len(stored) // 2] * 2
+    assert all("loss" in r if r.get("actor_updated", True) else "value_loss" in r for r in log)  # (critic warm-up)
 
 
 class _LoraServer:

@@ -34,11 +34,14 @@ then renamed), from which a killed run resumes. Each step's traces, with reward 
 
 **Several processes** (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``: one per GPU, or
 gloo on CPU): data parallel. Each process holds the policy, samples the rollouts of its share of the step's questions
-(whole groups, so GRPO advantages stay local), and the gradients are summed across processes with every loss
-normalised by the *global* token (or sequence) count, so N processes make the same update as one process with the
-whole batch (tested); a separate critic's gradients are summed the same way. PPO's advantage whitening and every
-logged number use global statistics; process 0 writes the log, the rollout store (all processes' traces) and the
-checkpoints.
+(whole groups, so GRPO advantages stay local). The trained modules (the policy; the shared value head or the
+separate critic, in a process group of its own) are wrapped with PyTorch's ``DistributedDataParallel``, which
+all-reduces the gradients in the backward pass: micro-batches accumulate locally (``no_sync``) and the last backward
+of each optimizer step syncs; a process without a micro-batch runs one zero-loss pass. Every loss is normalised by
+the *global* token (or sequence) count and multiplied by the process count (DDP averages), so the gradients are the
+sums and N processes make the same update as one process with the whole batch (tested). Rollouts, the reference and
+the saved models use the plain modules. PPO's advantage whitening and every logged number use global statistics;
+process 0 writes the log, the rollout store (all processes' traces) and the checkpoints.
 
 **Sharded** (``sharding: fsdp``): the policy, the reference and the separate critic are each wrapped with PyTorch
 FSDP2 ``fully_shard`` (every transformer block a unit, then the root; on a GPU fp32 master weights with bf16
@@ -58,6 +61,7 @@ import atexit
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -140,18 +144,6 @@ class DataParallel:
         out: list[Any] | None = [None] * self.world if self.main else None
         dist.gather_object(obj, out, dst=0)
         return out
-
-    def sum_gradients(self, params: Sequence[Any]) -> None:
-        """Sum each parameter's gradient over processes (a process that ran no backward contributes zeros)."""
-        if self.world == 1:
-            return
-        import torch
-        import torch.distributed as dist
-
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -239,7 +231,7 @@ class RLConfig:
     lora_alpha: int = 32
     lora_target: str = "all-linear"
     dtype: str = "auto"  # auto: bf16 on a GPU that supports it, else fp32
-    # several processes: "none" (each holds full replicas, gradients summed by hand) or "fsdp" (PyTorch FSDP2
+    # several processes: "none" (each holds full replicas, DDP syncs the gradients) or "fsdp" (PyTorch FSDP2
     # fully_shard per transformer block + root for the policy, reference and separate critic; module doc, Scaling in
     # docs/training.md). With one process both are the same run.
     sharding: Literal["none", "fsdp"] = "none"
@@ -333,12 +325,21 @@ class _Models:
     on the policy's last hidden state, a second parameter group of the policy's optimizer. Value heads start at zero
     (every first value is 0) and run in float32."""
 
-    def __init__(self, config: RLConfig, path: Path, resume: Path | None, device: Any, sharded: bool = False) -> None:
+    def __init__(
+        self,
+        config: RLConfig,
+        path: Path,
+        resume: Path | None,
+        device: Any,
+        sharded: bool = False,
+        replicated: bool = False,
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device
         self.sharded = sharded
+        self.replicated = replicated and not sharded
         bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
         mixed = None
         if sharded and config.dtype == "auto":  # fp32 master weights, bf16 compute (FSDP mixed precision)
@@ -387,6 +388,18 @@ class _Models:
                 _fully_shard(self.critic["backbone"], mixed)
                 _fully_shard(self.critic["head"], None)  # the value head stays in float32
             groups[0]["params"] = [p for p in self.policy.parameters() if p.requires_grad]  # now DTensor shards
+        # what a training pass (one that builds a graph) runs: the DDP wrappers when replicated, which sync the
+        # gradients in the backward; rollouts, the reference, no-grad passes and every save use the plain modules
+        self.trained_policy: Any = self.policy
+        self.trained_values: Any = self.value_head if self.value_head is not None else self.critic
+        # DDP averages the replicas' gradients; the losses are normalised by the global token count and want their
+        # sum, so each backward's loss is multiplied by the process count (exact for a power of two)
+        self.loss_scale = 1
+        if self.replicated:
+            self.loss_scale = torch.distributed.get_world_size()
+            self.trained_policy = _replicate(self.policy, device)
+            if self.trained_values is not None:  # its own process group: its syncs never queue behind the policy's
+                self.trained_values = _replicate(self.trained_values, device, torch.distributed.new_group())
         if self.critic is not None:
             params = [p for p in self.critic.parameters() if p.requires_grad]
             self.critic_optimizer = torch.optim.AdamW(params, lr=config.critic_learning_rate, weight_decay=0.0)
@@ -422,31 +435,50 @@ class _Models:
         return out
 
     def train(self, mode: bool = True) -> None:
-        self.policy.train(mode)
+        self.trained_policy.train(mode)
         if self.critic is not None:
-            self.critic.train(mode)
+            self.trained_values.train(mode)
 
     def forward(self, ids: Any, attention: Any, reference: bool = False, values: bool = False) -> tuple[Any, Any]:
-        """Logits (and values: one per position, the state before the next token) of a padded batch."""
+        """Logits (and values: one per position, the state before the next token) of a padded batch. A pass with
+        gradients enabled goes through the DDP wrappers (replicated runs), any other through the plain modules."""
+        import torch
+
         if reference:
             if self.reference is not None:
                 return self.reference(input_ids=ids, attention_mask=attention).logits, None
             with self.policy.disable_adapter():
                 return self.policy(input_ids=ids, attention_mask=attention).logits, None
+        training = torch.is_grad_enabled()
+        policy = self.trained_policy if training else self.policy
         shared = values and self.value_head is not None
-        out = self.policy(input_ids=ids, attention_mask=attention, output_hidden_states=shared)
+        out = policy(input_ids=ids, attention_mask=attention, output_hidden_states=shared)
         value = None
         if shared:
-            value = self.value_head(out.hidden_states[-1].float()).squeeze(-1)
+            head = self.trained_values if training else self.value_head
+            value = head(out.hidden_states[-1].float()).squeeze(-1)
         elif values and self.critic is not None:
             value = self.values(ids, attention)
         return out.logits, value
 
     def values(self, ids: Any, attention: Any) -> Any:
         """The critic's value at every position (``critic: separate``; the shared head needs the policy's pass)."""
+        import torch
+
         assert self.critic is not None
-        hidden = self.critic["backbone"](input_ids=ids, attention_mask=attention).last_hidden_state
-        return self.critic["head"](hidden.float()).squeeze(-1)
+        return (self.trained_values if torch.is_grad_enabled() else self.critic)(ids, attention)
+
+    def no_sync(self, accumulate: bool, policy: bool = True) -> contextlib.ExitStack:
+        """Replicated: the passes run in this block keep their gradients local (``accumulate``: every pass of an
+        optimizer step but its last); the policy's also when ``policy`` is False (the critic's warm-up with a shared
+        head, which drops them). Otherwise nothing."""
+        stack = contextlib.ExitStack()
+        if self.replicated:
+            if accumulate or not policy:
+                stack.enter_context(self.trained_policy.no_sync())
+            if accumulate and self.trained_values is not None:
+                stack.enter_context(self.trained_values.no_sync())
+        return stack
 
     def critic_parameters(self) -> list[Any]:
         if self.critic_optimizer is None:
@@ -569,7 +601,8 @@ class _Models:
 
     def idle_pass(self, values: bool, policy: bool = True, backward: bool = False) -> None:
         """A forward (and backward) on one padding token whose loss is zero: sharded models all-gather and
-        reduce-scatter in every pass, so a process with fewer micro-batches than another takes part this way."""
+        reduce-scatter in every pass, and replicated ones sync gradients in an optimizer step's last backward, so a
+        process with fewer micro-batches than another (sharded) or none (replicated) takes part this way."""
         import torch
 
         ids = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
@@ -578,8 +611,11 @@ class _Models:
         with contextlib.nullcontext() if backward else torch.no_grad():
             # the order of the real passes (the collectives must line up): policy, critic, reference
             if policy:
-                loss = loss + self.forward(ids, attention)[0].float().sum() * 0.0
-            if values and self.critic is not None:
+                logits, value = self.forward(ids, attention, values=values)
+                loss = loss + logits.float().sum() * 0.0
+                if value is not None:
+                    loss = loss + value.sum() * 0.0
+            elif values and self.critic is not None:
                 loss = loss + self.values(ids, attention).sum() * 0.0
             if policy and not backward:
                 self.forward(ids, attention, reference=True)
@@ -603,6 +639,16 @@ def _fully_shard(model: Any, mixed: Any) -> None:
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # plain sums (gloo has no pre-multiplied sum)
+
+
+def _replicate(module: Any, device: Any, group: Any = None) -> Any:
+    """``module`` wrapped with DistributedDataParallel (its parameters stay the module's own; checkpoints and exports
+    save the module). No buffer broadcast: the models' buffers are constants (rotary frequencies), and a broadcast in
+    every forward would need every process to run the same number of forwards."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False, process_group=group)
 
 
 def _checkpoint_activations(model: Any) -> None:
@@ -659,7 +705,23 @@ def _critic(config: RLConfig, path: Path, saved: Path | None, dtype: Any, device
         backbone = _with_lora(backbone, config, saved / "backbone" if saved is not None else None)
     if saved is not None:
         head.load_state_dict(torch.load(saved / "value_head.pt", weights_only=True))
-    return torch.nn.ModuleDict({"backbone": backbone, "head": head})
+    return _critic_class()({"backbone": backbone, "head": head})
+
+
+@functools.cache
+def _critic_class() -> type:
+    """The separate critic's module class, built on first use (this module imports torch lazily)."""
+    import torch
+
+    class Critic(torch.nn.ModuleDict):
+        """``backbone`` (the base model's transformer) and ``head`` (its value head); called, the value at every
+        position (a module with a forward, so DDP can wrap it whole)."""
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            hidden = self["backbone"](input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return self["head"](hidden.float()).squeeze(-1)
+
+    return Critic
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -686,12 +748,15 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _passes(models: _Models, dist: DataParallel | None, n: int) -> int:
-    """Idle passes this process adds to its ``n`` micro-batches so that every sharded process runs the same number
-    (0 unless sharded)."""
-    if not models.sharded or dist is None:
-        return 0
-    return max(dist.gather(n)) - n
+def _passes(models: _Models, dist: DataParallel | None, n: int, backward: bool = False) -> int:
+    """Idle passes this process adds to its ``n`` micro-batches so that the collectives line up: sharded, every
+    pass all-gathers (and reduce-scatters), so each process runs as many passes as the busiest; replicated, only an
+    optimizer step's last backward syncs, so a process without a micro-batch runs one (with ``backward``)."""
+    if models.sharded and dist is not None:
+        return max(dist.gather(n)) - n
+    if models.replicated and backward:
+        return int(n == 0)
+    return 0
 
 
 def _rollout_stats(
@@ -795,7 +860,7 @@ def _update(
     micro-batch's loss is weighted by its share of the global mini-batch (tokens, or sequences for the ``seq-*``
     aggregations), which makes the summed gradient that of the whole mini-batch. A mini-batch empty on every
     process is skipped (AdamW would move the weights on a zero gradient). A separate critic's value loss goes
-    through its own backward path (no parameter in common) and its gradients are summed and clipped on their own."""
+    through its own backward path (no parameter in common) and its gradients are synced and clipped on their own."""
     import torch
 
     from sleuth.train import rl
@@ -822,81 +887,82 @@ def _update(
             if models.critic_optimizer is not None:
                 models.critic_optimizer.zero_grad(set_to_none=True)
             micros = _chunks(mini, config.micro_batch)
-            for _ in range(_passes(models, dist, len(micros))):
-                models.idle_pass(values=separate, policy=actor, backward=True)
-            for micro in micros:
-                chunk = [episodes[i] for i in micro]
-                rows = [stats[i] for i in micro]
-                ids, attention, _ = _pad(chunk, models.tokenizer.pad_token_id, models.device)
-                width = ids.shape[1] - 1
-                mask = _pad_rows(rows, "mask", width, models.device)
-                token_share = float(mask.sum()) / tokens
-                # each micro-batch's loss is a mean over its tokens (or sequences): weight it by its share
-                share = len(micro) / sequences if config.loss_aggregation.startswith("seq") else token_share
-                loss = torch.zeros((), device=models.device)
-                values = None
-                if actor or not separate:
-                    logits, values = models.forward(ids, attention, values=ppo and not separate)
-                if separate:
-                    values = models.values(ids, attention)
-                if actor:
-                    logits = logits[:, :-1].float()
-                    logp = rl.token_logprobs(logits, ids[:, 1:])
-                    old = _pad_rows(rows, "old", width, models.device)
-                    adv = _pad_rows(rows, "adv", width, models.device)
-                    if config.algorithm == "grpo":
-                        ref = _pad_rows(rows, "ref", width, models.device)
-                        policy_loss, terms = rl.grpo_loss(
-                            logp,
-                            old,
-                            ref,
-                            adv,
-                            mask,
-                            clip_eps=config.clip_eps,
-                            beta=config.beta,
-                            kl=config.kl,  # type: ignore[arg-type]
-                            aggregation=config.loss_aggregation,  # type: ignore[arg-type]
+            idle = _passes(models, dist, len(micros), backward=True)
+            passes = idle + len(micros)  # replicated: all but the last accumulate locally, the last syncs
+            for k in range(idle):
+                with models.no_sync(k + 1 < passes, policy=actor):
+                    models.idle_pass(values=ppo, policy=actor or not separate, backward=True)
+            for j, micro in enumerate(micros):
+                with models.no_sync(idle + j + 1 < passes, policy=actor):
+                    chunk = [episodes[i] for i in micro]
+                    rows = [stats[i] for i in micro]
+                    ids, attention, _ = _pad(chunk, models.tokenizer.pad_token_id, models.device)
+                    width = ids.shape[1] - 1
+                    mask = _pad_rows(rows, "mask", width, models.device)
+                    token_share = float(mask.sum()) / tokens
+                    # each micro-batch's loss is a mean over its tokens (or sequences): weight it by its share
+                    share = len(micro) / sequences if config.loss_aggregation.startswith("seq") else token_share
+                    loss = torch.zeros((), device=models.device)
+                    values = None
+                    if actor or not separate:
+                        logits, values = models.forward(ids, attention, values=ppo and not separate)
+                    if separate:
+                        values = models.values(ids, attention)
+                    if actor:
+                        logits = logits[:, :-1].float()
+                        logp = rl.token_logprobs(logits, ids[:, 1:])
+                        old = _pad_rows(rows, "old", width, models.device)
+                        adv = _pad_rows(rows, "adv", width, models.device)
+                        if config.algorithm == "grpo":
+                            ref = _pad_rows(rows, "ref", width, models.device)
+                            policy_loss, terms = rl.grpo_loss(
+                                logp,
+                                old,
+                                ref,
+                                adv,
+                                mask,
+                                clip_eps=config.clip_eps,
+                                beta=config.beta,
+                                kl=config.kl,  # type: ignore[arg-type]
+                                aggregation=config.loss_aggregation,  # type: ignore[arg-type]
+                            )
+                        else:
+                            policy_loss, terms = rl.ppo_policy_loss(
+                                logp, old, adv, mask, clip_eps=config.clip_eps, aggregation=config.loss_aggregation
+                            )
+                        entropy = rl.masked_mean(
+                            rl.entropy_from_logits(logits if config.entropy_coef else logits.detach()), mask
                         )
-                    else:
-                        policy_loss, terms = rl.ppo_policy_loss(
-                            logp, old, adv, mask, clip_eps=config.clip_eps, aggregation=config.loss_aggregation
+                        if config.entropy_coef:
+                            policy_loss = policy_loss - config.entropy_coef * entropy
+                        loss = loss + policy_loss * share
+                        logged["loss"] += float(policy_loss.detach()) * share
+                        logged["entropy"] += float(entropy.detach()) * share
+                        for k, v in terms.items():
+                            logged[k] += float(v) * share
+                    if ppo:
+                        returns = _pad_rows(rows, "returns", width, models.device)
+                        old_values = _pad_rows(rows, "values", width, models.device)
+                        v_loss, v_terms = rl.value_loss(
+                            values[:, :width].float(), old_values, returns, mask, clip_eps=config.value_clip
                         )
-                    entropy = rl.masked_mean(
-                        rl.entropy_from_logits(logits if config.entropy_coef else logits.detach()), mask
-                    )
-                    if config.entropy_coef:
-                        policy_loss = policy_loss - config.entropy_coef * entropy
-                    loss = loss + policy_loss * share
-                    logged["loss"] += float(policy_loss.detach()) * share
-                    logged["entropy"] += float(entropy.detach()) * share
-                    for k, v in terms.items():
-                        logged[k] += float(v) * share
-                if ppo:
-                    returns = _pad_rows(rows, "returns", width, models.device)
-                    old_values = _pad_rows(rows, "values", width, models.device)
-                    v_loss, v_terms = rl.value_loss(
-                        values[:, :width].float(), old_values, returns, mask, clip_eps=config.value_clip
-                    )
-                    loss = loss + (1.0 if separate else config.vf_coef) * v_loss * token_share
-                    logged["value_loss"] += float(v_loss.detach()) * token_share
-                    for k, v in v_terms.items():
-                        logged[f"value_{k}"] += float(v) * token_share
-                loss.backward()
+                        loss = loss + (1.0 if separate else config.vf_coef) * v_loss * token_share
+                        logged["value_loss"] += float(v_loss.detach()) * token_share
+                        for k, v in v_terms.items():
+                            logged[f"value_{k}"] += float(v) * token_share
+                    (loss * models.loss_scale).backward()
+            # the gradients are the global sums by now: FSDP reduce-scatters them in every backward, DDP all-reduces
+            # them in the last one
             if actor:
-                if not models.sharded:  # FSDP reduce-scatters (sums) the gradients in the backward pass
-                    dist.sum_gradients(params)
                 grad_norms.append(_full(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))
                 models.optimizer.step()
             elif not separate:  # shared head in the critic's warm-up: the value loss may move only the head
                 for p in policy_params:
                     p.grad = None
                 head = [p for p in params if all(p is not q for q in policy_params)]
-                dist.sum_gradients(head)
                 critic_norms.append(float(torch.nn.utils.clip_grad_norm_(head, config.max_grad_norm)))
                 models.optimizer.step()
             if models.critic_optimizer is not None:
-                if not models.sharded:
-                    dist.sum_gradients(critic_params)
                 critic_norms.append(_full(torch.nn.utils.clip_grad_norm_(critic_params, config.max_grad_norm)))
                 models.critic_optimizer.step()
             count += 1
@@ -1051,6 +1117,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         resume,
         dist.device(),
         sharded=config.sharding == "fsdp" and (dist.world > 1 or torch.distributed.is_initialized()),
+        replicated=dist.world > 1,
     )
     llm = HFLLM.from_model(models.policy, models.tokenizer)
     served = None
@@ -1157,6 +1224,8 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         "truncated": sum(r.get("truncated", 0) for r in log),
         "truncated_tokens": sum(r.get("truncated_tokens", 0) for r in log),
         "too_long": sum(r.get("too_long", 0) for r in log),
+        # how the processes shared the work: "none" (one process), "ddp" (replicas), "fsdp" (shards)
+        "parallelism": "fsdp" if models.sharded else "ddp" if models.replicated else "none",
     }
     if dist.main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
