@@ -1,10 +1,18 @@
-"""Does ARENA's GRPO teach a small reader to answer and cite? EM / F1 and citation precision / recall on the dev
-files, before and after training, with bootstrap CIs.
+"""Does ARENA's GRPO teach a small reader to answer and cite? EM / F1 and citation precision / recall on held-out
+questions of the dev files, before and after training, with bootstrap CIs.
 
 Training questions come from the HotpotQA / 2Wiki / MuSiQue train files in ../shared/data (given paragraphs as the
-numbered references, supporting paragraphs as the relevance ground truth); evaluation is greedy ``arena`` on the
-dev files' first questions, with their given paragraphs. SmolLM2-135M-Instruct with LoRA (the reference is the
-base with the adapter disabled), ARENA's rewards (format + EM + relevance + bonus 10), ARENA's KL estimator.
+numbered references, supporting paragraphs as the relevance ground truth). SmolLM2-135M-Instruct with LoRA (the
+reference is the base with the adapter disabled), ARENA's rewards (format + EM + relevance + bonus 10), ARENA's KL
+estimator. Evaluation is greedy ``arena`` with the questions' given paragraphs, on two disjoint slices of the three
+dev files (200 questions each):
+
+* ``test`` (held out, reported, never used to choose anything): the first ``--test-questions`` of each dev file
+  (34 x 3 = 102 by default, at most 100 per file);
+* ``dev`` (settings are compared on it, and every setting tried is listed: ``trials.json`` in the results
+  directory): ``--dev-questions`` of each dev file from its 101st question on (34 x 3 = 102 by default), so the
+  two slices never overlap whatever their sizes. The train files are not used for it: their first
+  ``--train-questions`` train GRPO and the following ones the warm start.
 
 The scale is tiny next to the paper's (tens of prompts instead of 24,500, a 135M model, references cut to the
 first ``--max-references`` paragraphs to keep CPU prefill affordable), so the learning rate is raised; the point is
@@ -19,6 +27,9 @@ analysis templated as "Reference [i] states that <its first sentence>." because 
 paper has the backbone write it). Evaluated as its own stage, so "GRPO - warm start" is what GRPO added.
 ``--format-warmup 0`` runs GRPO from the base model, as the paper does.
 
+Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resumes, and a changed setting never
+mixes with cached results.
+
     python benchmarks/learn_arena.py            # CPU: expect well over an hour at the defaults (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
 
@@ -28,7 +39,8 @@ Engines. ``--engine`` runs the evaluations on ``hf`` or on a vLLM server sleuth 
 vLLM server that loads the LoRA adapter every step (``vllm``: ``rollout_server`` of
 :mod:`sleuth.train.online_rl`); ``auto`` picks ``vllm`` only on a GPU with vLLM installed: on the 2-core CPU of
 issue 18 vLLM with ``--enable-lora`` runs uncompiled and sampled slower than the hf runner (132 s against 96 s for 32
-prompts).
+prompts). Engines, rollouts and ``--llm-options`` say how a stage is computed, not what: they are not part of the
+stages' keys.
 """
 
 from __future__ import annotations
@@ -36,39 +48,83 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from sleuth.eval.stats import bootstrap_ci, paired_difference_ci
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+from harness import (  # noqa: E402  (the benchmarks directory is not a package)
+    DATA,
+    REPO,
+    Experiment,
+    difference_table,
+    key_hash,
+    plot,
+    short,
+    stage_table,
+    trials_table,
+)
+
 RESULTS = REPO / "docs" / "results" / "learn_arena"
 TRAIN = ["hotpotqa/hotpotqa_train.json", "2wikimultihopqa/wikihop_train_preprocess.json", "musique/musique_train.json"]
 DEV = ["hotpotqa/hotpot.json", "2wikimultihopqa/wikihop.json", "musique/musique.json"]
+DEV_OFFSET = 100  # per dev file: the test slice is below, the dev slice from here on
 METRICS = ("em", "f1", "citation_precision", "citation_recall", "format_ok")
 
 
-def evaluate(
-    model: Path, files: list[str], limit: int, agent: Any, options: str, out: Path, engine: str = "hf"
-) -> dict[str, Any]:
-    """Greedy arena on the first ``limit`` questions of each dev file; per-question metrics (cached in ``out``)."""
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Every setting of the run, grouped by the stage that reads it (a group is that stage's part of its key).
+    ``--smoke`` fixes the sizes but keeps the learning rates and the seed given (to try resumption)."""
+    if args.smoke:
+        sizes = {"test": 2, "dev": 2, "train": 4, "steps": 1, "prompts": 2, "group": 2, "tokens": 8}
+        sizes["warmup"] = min(args.format_warmup, 4)
+    else:
+        sizes = {"test": args.test_questions, "dev": args.dev_questions, "train": args.train_questions}
+        sizes.update(steps=args.steps, prompts=args.prompts, group=args.group, tokens=160)
+        sizes["warmup"] = args.format_warmup
+    if sizes["test"] > DEV_OFFSET or sizes["dev"] > 200 - DEV_OFFSET:
+        raise SystemExit(f"--test-questions and --dev-questions are at most {DEV_OFFSET} per dev file (200 each)")
+    return {
+        "eval": {"test_per_file": sizes["test"], "dev_per_file": sizes["dev"], "dev_offset": DEV_OFFSET},
+        "agent": {"max_new_tokens": sizes["tokens"], "max_references": args.max_references},
+        "warmup": {"questions": sizes["warmup"], "lr": args.warmup_lr, "after": sizes["train"]},
+        "grpo": {
+            "train_per_file": sizes["train"],
+            "steps": sizes["steps"],
+            "prompts": sizes["prompts"],
+            "group": sizes["group"],
+            "lr": args.lr,
+            "lora": not args.smoke,
+            "micro_batch": 2,
+            "save_steps": 2,
+        },
+    }
+
+
+def stage_dir(exp: Experiment, name: str, key: Any) -> Path:
+    """The output directory of stage ``name`` run with ``key``: a new key trains into a new directory, so a stage
+    rerun after its cached record was removed never resumes another setting's checkpoints."""
+    return exp.work / f"{name}-{key_hash(key)}"
+
+
+def slice_questions(files: list[str], start: int, count: int) -> list[Any]:
+    """Questions ``start`` to ``start + count`` of each file, file after file."""
+    from sleuth.data import load_examples
+
+    return [e for f in files for e in load_examples(f, limit=start + count)[start:]]
+
+
+def evaluate(model: Path, examples: list[Any], agent: Any, options: str, engine: str) -> dict[str, Any]:
+    """Greedy arena on ``examples`` with their given paragraphs: per-question metrics."""
     from types import SimpleNamespace
 
     from sleuth.agents import Context
-    from sleuth.data import load_examples
     from sleuth.eval.metrics import score_example
     from sleuth.llm import load_llm
     from sleuth.runner import run
     from sleuth.train.mdpo import close_llm, engine_spec
 
-    if out.exists():
-        return json.loads(out.read_text())
-    started = time.perf_counter()
-    examples = [e for f in files for e in load_examples(f, limit=limit)]
     llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=options), model))
     try:
         traces = run("arena", examples, Context(llm=llm, retriever=None, config=agent), progress=True)
@@ -82,9 +138,7 @@ def evaluate(
         per["citation_precision"].append(float(trace.meta.get("citation_precision") or 0.0))
         per["citation_recall"].append(float(trace.meta.get("citation_recall") or 0.0))
         per["format_ok"].append(float(bool(trace.meta.get("format_ok"))))
-    result = {"model": str(model), "n": len(traces), "per_example": per, "seconds": time.perf_counter() - started}
-    out.write_text(json.dumps(result) + "\n")
-    return result
+    return {"per_example": per, "model": str(model), "engine": engine}
 
 
 def warmup_target(example: Any, references: list[Any]) -> str:
@@ -102,14 +156,14 @@ def warmup_target(example: Any, references: list[Any]) -> str:
     return f"<relevance>\n{gold}\n</relevance>\n\n<analysis>\n{analysis}\n</analysis>\n\n<answer>\n{answer}\n</answer>"
 
 
-def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: Any, work: Path, lr: float) -> Path:
+def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: Any, out: Path, lr: float) -> Path:
     """Fine-tune ``base`` on ``count`` train questions (after the first ``skip`` of each file) with ARENA's prompt
-    and the :func:`warmup_target` completion; returns the merged model (cached)."""
+    and the :func:`warmup_target` completion; returns the merged model, ``out/model`` (resumes a killed run)."""
     from sleuth.agents.arena import arena_prompt
     from sleuth.data import load_examples
     from sleuth.train.sft import SFTConfig, SFTSource, train_sft
 
-    model = work / "warmup"
+    model = out / "model"
     if (model / "config.json").exists():
         return model
     pools = []  # per file, the usable questions after the first ``skip`` (which the GRPO run trains on)
@@ -131,8 +185,8 @@ def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: An
                 {"role": "assistant", "content": warmup_target(example, references)},
             ]
             records.append({"messages": messages})
-    work.mkdir(parents=True, exist_ok=True)
-    data = work / "warmup_records.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "records.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     config = SFTConfig(
         model=str(base),
@@ -155,9 +209,10 @@ def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--results", type=Path, default=None)
-    parser.add_argument("--dev-questions", type=int, default=30, help="per dev file")
+    parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-arena)")
+    parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
+    parser.add_argument("--test-questions", type=int, default=34, help="held-out questions per dev file (reported)")
+    parser.add_argument("--dev-questions", type=int, default=34, help="per dev file, from its 101st question")
     parser.add_argument("--train-questions", type=int, default=60, help="per train file (warm start: later ones)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--prompts", type=int, default=4, help="questions per step")
@@ -195,142 +250,136 @@ def main() -> None:
     from sleuth.llm import Sampling
     from sleuth.train.arena_rl import ArenaRLConfig, train_arena
 
-    started = time.perf_counter()
+    s = settings(args)
     work = args.work or REPO / "runs" / ("learn-arena-smoke" if args.smoke else "learn-arena")
-    results = args.results or (work / "results" if args.smoke else RESULTS)
-    work.mkdir(parents=True, exist_ok=True)
-    results.mkdir(parents=True, exist_ok=True)
-    (work / "eval").mkdir(exist_ok=True)
+    exp = Experiment("learn_arena", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed)
     if args.smoke:
         sys.path.insert(0, str(REPO))
         from tests.conftest import build_tiny_model
 
-        base = work / "tiny-model"
+        base = exp.work / "tiny-model"
         if not (base / "config.json").exists():
             build_tiny_model(base)
-        args.dev_questions, args.train_questions, args.steps, args.prompts, args.group = 2, 4, 1, 2, 2
-        args.format_warmup = min(args.format_warmup, 4)
-        tokens = 8
     else:
         from sleuth.assets import ensure_default_model
 
         base = ensure_default_model()
-        tokens = 160
-    dev = [str(DATA / f) for f in DEV]
-    agent = ArenaConfig(sampling=Sampling(max_new_tokens=tokens), max_references=args.max_references)
-    train = [str(DATA / f) for f in TRAIN]
-    evals = {
-        "base": evaluate(
-            base, dev, args.dev_questions, agent, args.llm_options, work / "eval" / "base.json", args.engine
-        )
+    agent = ArenaConfig(
+        sampling=Sampling(max_new_tokens=s["agent"]["max_new_tokens"]), max_references=s["agent"]["max_references"]
+    )
+    agent_key = dataclasses.asdict(agent)
+    dev_files = [str(DATA / f) for f in DEV]
+    train_files = [str(DATA / f) for f in TRAIN]
+    e = s["eval"]
+    splits = {
+        "test": slice_questions(dev_files, 0, e["test_per_file"]),
+        "dev": slice_questions(dev_files, e["dev_offset"], e["dev_per_file"]),
     }
-    start, warmup_seconds = base, 0.0
-    if args.format_warmup:
-        start = format_warmup(base, train, args.train_questions, args.format_warmup, agent, work, args.warmup_lr)
-        sft_log = [json.loads(line) for line in (start / "log.jsonl").read_text().splitlines()]
-        warmup_seconds = next((r["train_runtime"] for r in reversed(sft_log) if "train_runtime" in r), 0.0)
-        evals["warm start"] = evaluate(
-            start, dev, args.dev_questions, agent, args.llm_options, work / "eval" / "warm.json", args.engine
-        )
-    before = evals["warm start" if args.format_warmup else "base"]
-    config = ArenaRLConfig(
-        model=str(start),
-        output_dir=str(work / "grpo"),
-        train_files=train,
-        train_limit=args.train_questions,
-        steps=args.steps,
-        prompts_per_step=args.prompts,
-        group_size=args.group,
-        learning_rate=args.lr,
-        warmup_steps=0,
-        micro_batch=2,
-        lora=not args.smoke,
-        save_steps=2,
-        seed=args.seed,
-        agent=agent,
-    )
-    if args.rollouts == "vllm":  # the adapter trains on top of `start`, so the server serves `start`
-        config.rollout_server = f"vllm:{start}?enable_lora=1&max_lora_rank={config.lora_r}"
-    t = time.perf_counter()
-    summary = train_arena(config)
-    train_seconds = time.perf_counter() - t
-    after = evaluate(
-        work / "grpo" / "model",
-        dev,
-        args.dev_questions,
-        agent,
-        args.llm_options,
-        work / "eval" / "grpo.json",
-        args.engine,
-    )
-    evals["GRPO"] = after
+    slices = {"test": (0, e["test_per_file"]), "dev": (e["dev_offset"], e["dev_per_file"])}
+    evaluations: dict[str, dict[str, dict[str, Any]]] = {"dev": {}, "test": {}}
 
-    stages = {
-        name: {m: bootstrap_ci(e["per_example"][m], seed=args.seed) for m in METRICS} for name, e in evals.items()
-    }
-    pairs = [("GRPO", "warm start" if args.format_warmup else "base")]
-    if args.format_warmup:
-        pairs += [("warm start", "base"), ("GRPO", "base")]
-    differences = {
-        f"{a} - {b}": {
-            m: paired_difference_ci(evals[b]["per_example"][m], evals[a]["per_example"][m], seed=args.seed)
-            for m in METRICS
-        }
-        for a, b in pairs
-    }
-    log = [json.loads(line) for line in (work / "grpo" / "log.jsonl").read_text().splitlines()]
-    step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
-    out = {
-        "smoke": args.smoke,
-        "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
-        "dev_questions": before["n"],
-        "settings": {**vars(args), "work": str(work), "results": str(results), "agent": dataclasses.asdict(agent)},
-        "metrics": stages,
-        "differences": differences,
-        "seconds": {
-            "evals": {name: e["seconds"] for name, e in evals.items()},
-            "format_warmup": warmup_seconds,
-            "grpo_steps": step_seconds,
-            "this_run": time.perf_counter() - started,
-        },
-        "training": {"summary": summary, "seconds": train_seconds},
-        "log": log,
-    }
-    (results / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-    seconds = out["seconds"]
-    lines = [
-        "# Learning benchmark: ARENA GRPO (LoRA) on the multi-hop train files",
-        "",
-        f"`{' '.join(['python', 'benchmarks/learn_arena.py', *sys.argv[1:]])}` on {out['machine']} (last invocation). "
-        f"{before['n']} dev questions ({args.dev_questions} per file), {len(log)} GRPO steps x {args.prompts} "
-        f"questions x G={args.group}. Seconds: evals "
-        + ", ".join(f"{k} {v:.0f}" for k, v in seconds["evals"].items())
-        + f"; format warm start {seconds['format_warmup']:.0f}; GRPO steps {step_seconds:.0f}.",
-        "",
-        "| metric | " + " | ".join(stages) + " |",
-        "|---|" + "---|" * len(stages),
-    ]
-    for metric in METRICS:
-        cells = [
-            f"{100 * s[metric]['mean']:.1f} [{100 * s[metric]['lo']:.1f}, {100 * s[metric]['hi']:.1f}]"
-            for s in stages.values()
-        ]
-        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
-    lines += ["", "| metric | " + " | ".join(differences) + " |", "|---|" + "---|" * len(differences)]
-    for metric in METRICS:
-        cells = []
-        for d in (diff[metric] for diff in differences.values()):
-            cells.append(
-                f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] p {d['p_not_better']:.3f}"
+    def measure(stage: str, model: Path) -> None:
+        for split, examples in splits.items():
+            start, count = slices[split]
+            key = {"model": str(model), "files": DEV, "start": start, "per_file": count, "agent": agent_key}
+            evaluations[split][stage] = exp.evaluate(
+                stage,
+                split,
+                key,
+                lambda examples=examples: evaluate(model, examples, agent, args.llm_options, args.engine),
             )
-        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
-    lines += ["", "Means with 95% bootstrap CIs; differences paired (same questions), p = share of resamples <= 0."]
-    lines += ["", "Training curves: `curves.png` (reward components, KL, entropy, response length per step).", ""]
-    (results / "results.md").write_text("\n".join(lines))
-    curves = work / "grpo" / "curves.png"
+
+    measure("base", base)
+    start = base
+    warm: dict[str, Any] | None = None
+    if s["warmup"]["questions"]:
+        w = s["warmup"]
+        warm_key = {"base": str(base), "files": TRAIN, "warmup": w, "agent": agent_key, "seed": args.seed}
+
+        def warm_start() -> dict[str, Any]:
+            out = stage_dir(exp, "warmup", warm_key)
+            model = format_warmup(base, train_files, w["after"], w["questions"], agent, out, w["lr"])
+            records = len((out / "records.jsonl").read_text().splitlines())
+            return {"model": str(model), "records": records}
+
+        warm = exp.stage("warmup", warm_key, warm_start)
+        start = Path(warm["model"])
+        measure("warm start", start)
+
+    grpo_key = {"model": str(start), "files": TRAIN, "grpo": s["grpo"], "agent": agent_key, "seed": args.seed}
+
+    def train() -> dict[str, Any]:
+        out = stage_dir(exp, "grpo", grpo_key)
+        g = s["grpo"]
+        config = ArenaRLConfig(
+            model=str(start),
+            output_dir=str(out),
+            train_files=train_files,
+            train_limit=g["train_per_file"],
+            steps=g["steps"],
+            prompts_per_step=g["prompts"],
+            group_size=g["group"],
+            learning_rate=g["lr"],
+            warmup_steps=0,
+            micro_batch=g["micro_batch"],
+            lora=g["lora"],
+            save_steps=g["save_steps"],
+            seed=args.seed,
+            agent=agent,
+        )
+        if args.rollouts == "vllm":  # the adapter trains on top of `start`, so the server serves `start`
+            config.rollout_server = f"vllm:{start}?enable_lora=1&max_lora_rank={config.lora_r}"
+        summary = train_arena(config)
+        log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log}
+
+    grpo = exp.stage("grpo", grpo_key, train)
+    measure("GRPO", Path(grpo["model"]))
+
+    before = "warm start" if warm else "base"
+    pairs = [("GRPO", before)] + ([("warm start", "base"), ("GRPO", "base")] if warm else [])
+    differences = {split: exp.differences(evaluations[split], pairs, METRICS) for split in evaluations}
+    trial_settings = {**s, "agent": agent_key, "engine": args.engine, "rollouts": args.rollouts}
+    trials = exp.record_trial(trial_settings, evaluations["dev"], "f1")
+
+    test = evaluations["test"]
+    curve = {m: [(stage, ev["ci"][m]) for stage, ev in test.items()] for m in METRICS if m != "format_ok"}
+    plot(curve, exp.results / "curve.png", "test (%)", "ARENA GRPO on the dev files' held-out questions (95% CI)")
+    curves = Path(grpo["dir"]) / "curves.png"
     if curves.exists():
-        (results / "curves.png").write_bytes(curves.read_bytes())
-    print(f"results in {results}")
+        (exp.results / "curves.png").write_bytes(curves.read_bytes())
+
+    log = grpo["log"]
+    step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
+    models = {stage: short(ev["model"]) for stage, ev in test.items()}
+    g = s["grpo"]
+    lines = exp.header(
+        "Learning benchmark: ARENA GRPO (LoRA) on the multi-hop train files",
+        f"Test (held out): the first {e['test_per_file']} questions of each dev file ({len(splits['test'])} in all); "
+        f"dev: {e['dev_per_file']} per dev file from question {e['dev_offset'] + 1} on ({len(splits['dev'])}). "
+        f"{len(log)} GRPO steps x {g['prompts']} questions x G={g['group']} ({step_seconds:.0f} s of steps); format "
+        f"warm start on {warm['records'] if warm else 0} questions. Engine {args.engine}, rollouts {args.rollouts}. "
+        "Means with 95% bootstrap CIs over questions (1000 resamples). Settings are compared on dev (F1) only.",
+    )
+    lines += ["## Test (held out)", "", *stage_table(test, METRICS, models), ""]
+    lines += [*difference_table(differences["test"], METRICS), ""]
+    lines += ["## Dev", "", *stage_table(evaluations["dev"], METRICS), ""]
+    lines += [*difference_table(differences["dev"], METRICS), ""]
+    lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
+    lines += ["Training curves: `curves.png` (reward components, KL, entropy, response length per step).", ""]
+    lines += ["Settings:", "", "```json", json.dumps(trial_settings, indent=2), "```", ""]
+    exp.write(
+        {
+            "smoke": args.smoke,
+            "settings": trial_settings,
+            "evaluations": evaluations,
+            "differences": differences,
+            "warmup": warm,
+            "training": grpo,
+            "trials": trials,
+        },
+        "\n".join(lines),
+    )
 
 
 if __name__ == "__main__":
