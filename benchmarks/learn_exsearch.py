@@ -19,7 +19,9 @@ tried is listed (``trials.json`` in the results directory), and ``test`` (the fi
 test split), which is reported and never used to choose anything. Reported per stage: EM and F1 with bootstrap 95%
 CIs, paired bootstrap CIs of the differences, the E-step weight distribution with its effective sample size, and
 the searches per trajectory. Results go to ``docs/results/learn_exsearch/``; stages, caching and the report come
-from ``benchmarks/harness.py``, so a rerun resumes and a changed setting never mixes with cached results.
+from ``benchmarks/harness.py``: a rerun resumes; each EM setting (``--em-questions``, ``--iterations``, ``--em-lr``)
+trains into its own directory next to the others on the same warm-up, while a changed setting of the world or the
+warm-up is an error naming the files to remove (results of two settings are never mixed).
 
 The scale is tiny next to the paper's (tens of E-step questions instead of 10^4-10^5, a 135M model, k=2 documents
 per search, one EM iteration by default), so learning rates are raised; the point is the direction and whether
@@ -307,7 +309,7 @@ def main() -> None:
     def measure(stage: str, model: Path) -> None:
         for split, examples in splits.items():
             key = {"model": str(model), "questions": len(examples), "agent": agent_key}
-            traces = exp.work / "eval" / split / f"{stage}.traces.jsonl"
+            traces = exp.work / "eval" / split / f"{stage}-{key_hash(key)}.traces.jsonl"
             evaluations[split][stage] = exp.evaluate(
                 stage,
                 split,
@@ -379,7 +381,8 @@ def main() -> None:
                 iterations.append({**stats, "ess": effective_sample_size(folder / "weighted.jsonl")})
             return {"dir": str(out), "summary": summary, "iterations": iterations}
 
-        arms[arm] = exp.stage(arm, arm_key, run_arm)
+        # one stage and directory per EM setting: settings tried on dev sit side by side on the same warm-up
+        arms[arm] = exp.stage(stage_dir(exp, arm, arm_key).name, arm_key, run_arm)
         for it in arms[arm]["iterations"]:
             measure(f"{arm}-{it['iteration']}", Path(it["model"]))
 
