@@ -63,7 +63,13 @@ if os.environ.get("COUNT_SHARDS") and dist.world > 1:
     models = _Models(config, Path(config.model), None, torch.device("cpu"), sharded=True)
     def local(module):
         return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in module.parameters())
-    counts = {"policy": local(models.policy), "reference": local(models.reference)}
+    counts = {"policy": local(models.policy)}
+    if models.reference is not None:
+        counts["reference"] = local(models.reference)
+    if config.lora:
+        counts["adapter"] = sum(
+            p.to_local().numel() for p in models.policy.parameters() if p.requires_grad
+        )
     if models.critic is not None:
         counts["critic"] = local(models.critic)
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
@@ -217,10 +223,95 @@ def test_a_killed_sharded_run_resumes_to_the_same_weights_and_exports_for_hf(
     assert exported.keys() == base.keys()
 
 
+def test_a_sharded_lora_policy_makes_the_update_of_one_process_and_resumes(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """LoRA under FSDP: the peft model is sharded like the plain one (frozen base weights and adapters alike, each
+    process holds about half), the reference is the base with the adapter disabled, the update equals one process's
+    (unsharded, the same LoRA), a killed run resumes from its sharded checkpoint, and the export is merged."""
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    one = _config(tiny_model_dir, tmp_path / "one", "grpo", steps=2, lora=True, learning_rate=1e-2)
+    two = dataclasses.replace(one, output_dir=str(tmp_path / "two"), sharding="fsdp")
+    killed = dataclasses.replace(two, output_dir=str(tmp_path / "killed"))
+    done = _run([sys.executable], script, one)
+    assert done.returncode == 0, done.stderr[-6000:]
+    done = _run(_TWO, script, two, COUNT_SHARDS="1")
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["parallelism"] == "fsdp"
+    counts = [json.loads((tmp_path / "two" / f"shards-{r}.json").read_text()) for r in range(2)]
+    assert all("reference" not in c for c in counts)  # no frozen copy: the adapter is switched off instead
+    for name in ("policy", "adapter"):
+        local = [c[name] for c in counts]
+        assert all(0.4 <= n / sum(local) <= 0.6 for n in local), (name, local)
+
+    base, a, b = _params(tiny_model_dir), _params(tmp_path / "one" / "model"), _params(tmp_path / "two" / "model")
+    assert a.keys() == base.keys()  # merged: a plain transformers model
+    assert not _close(base, a, atol=1e-6)[0]
+    ok, worst = _close(a, b)
+    assert ok, worst
+    logs = {n: [json.loads(x) for x in (tmp_path / n / "log.jsonl").read_text().splitlines()] for n in ("one", "two")}
+    for a_step, b_step in zip(logs["one"], logs["two"], strict=True):
+        for key in ("reward", "loss", "entropy", "kl", "grad_norm"):
+            assert b_step[key] == pytest.approx(a_step[key], rel=1e-4, abs=1e-6), key
+
+    done = _run(_TWO, script, killed, DIE_AT_CALL="2")
+    assert done.returncode != 0
+    assert json.loads((tmp_path / "killed" / "checkpoint" / "state.json").read_text())["step"] == 1
+    done = _run(_TWO, script, killed)
+    assert done.returncode == 0, done.stderr[-6000:]
+    ok, worst = _close(b, _params(tmp_path / "killed" / "model"), atol=1e-6)
+    assert ok, worst  # the adapter and its optimizer state restored from the shards
+
+
 def test_sharding_rejects_what_it_does_not_support_yet(tmp_path: Path, tiny_model_dir: Path) -> None:
-    for algorithm, overrides in (("grpo", {"lora": True}), ("ppo", {"critic": "shared_head"})):
-        config = _config(tiny_model_dir, tmp_path, algorithm, sharding="fsdp", **overrides)
-        with pytest.raises(ValueError, match="sharding: fsdp does not support"):
-            config.validate()
+    config = _config(tiny_model_dir, tmp_path, "ppo", sharding="fsdp", critic="shared_head")
+    with pytest.raises(ValueError, match="sharding: fsdp does not support critic shared_head"):
+        config.validate()
+    _config(tiny_model_dir, tmp_path, "grpo", sharding="fsdp", lora=True).validate()  # LoRA is sharded now
     with pytest.raises(ValueError, match="sharding="):
         _config(tiny_model_dir, tmp_path, "grpo", sharding="zero3").validate()
+
+
+_GENERATE = """
+import json, sys
+from pathlib import Path
+
+import torch
+
+from sleuth.train.online_rl import DataParallel, RLConfig, _Models
+
+path, out = Path(sys.argv[1]), Path(sys.argv[2])
+dist = DataParallel()
+config = RLConfig(model=str(path), lora=True, sharding="fsdp" if dist.world > 1 else "none")
+torch.manual_seed(0)  # the adapter's random init, alike on every process (train_online seeds them so)
+models = _Models(config, path, None, torch.device("cpu"), sharded=dist.world > 1)
+with torch.no_grad():  # an adapter that changes the output (a new one's B is zero)
+    for name, p in models.policy.named_parameters():
+        if "lora_B" in name:
+            p.fill_(0.05)
+ids = torch.tensor([[1, 5, 9, 11, 14, 20]])
+greedy = {"attention_mask": torch.ones_like(ids), "max_new_tokens": 8, "do_sample": False}
+with models.gathered_policy():
+    tuned = models.policy.generate(input_ids=ids, **greedy)[0].tolist()
+    with models.policy.disable_adapter():
+        base = models.policy.generate(input_ids=ids, **greedy)[0].tolist()
+out.mkdir(parents=True, exist_ok=True)
+(out / f"{dist.rank}.json").write_text(json.dumps({"tuned": tuned, "base": base}))
+"""
+
+
+def test_a_sharded_lora_policy_generates_what_the_whole_one_does(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Rollouts from a sharded peft model enter below the FSDP root (peft generates through the transformers model
+    inside it): gathered, it samples the unsharded model's tokens, with the adapter and with it disabled."""
+    script = tmp_path / "generate.py"
+    script.write_text(_GENERATE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name, launcher in (("one", [sys.executable]), ("two", _TWO)):
+        args = [*launcher, str(script), str(tiny_model_dir), str(tmp_path / name)]
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-6000:]
+    whole = json.loads((tmp_path / "one" / "0.json").read_text())
+    assert whole["tuned"] != whole["base"]  # the adapter matters
+    for rank in range(2):
+        assert json.loads((tmp_path / "two" / f"{rank}.json").read_text()) == whole

@@ -52,7 +52,9 @@ passes, so one with fewer micro-batches than another runs zero-loss passes on on
 from the policy gathered whole on every process for the duration (each process samples a different number of
 tokens). Checkpoints are ``torch.distributed.checkpoint`` shards (``OUT/checkpoint/sharded``: models and optimizers;
 resumed at the same process count), and ``OUT/model`` is the policy gathered to process 0 and saved for transformers.
-Not yet with LoRA, the shared value head, or ``rollout_server`` (refused by :meth:`RLConfig.validate`).
+A LoRA policy is sharded the same way (the peft model: frozen base weights and adapters alike), its reference is
+the adapter disabled, and ``OUT/model`` is merged. Not yet with the shared value head or ``rollout_server`` (refused
+by :meth:`RLConfig.validate`).
 """
 
 from __future__ import annotations
@@ -265,7 +267,6 @@ class RLConfig:
             raise ValueError(f"sharding={self.sharding!r}; expected 'none' or 'fsdp'")
         if self.sharding == "fsdp":
             unsupported = {
-                "lora": self.lora,  # a LoRA policy's trainable part is small: replicas (sharding: none) suffice
                 "critic shared_head": self.algorithm == "ppo" and self.critic == "shared_head",
                 "rollout_server": bool(self.rollout_server),
             }
@@ -358,7 +359,8 @@ class _Models:
         hidden = self.policy.config.hidden_size
         self.reference = None
         if config.lora:
-            self.policy = _with_lora(self.policy, config, resume / "policy" if resume is not None else None)
+            saved = resume / "policy" if resume is not None and not sharded else None
+            self.policy = _with_lora(self.policy, config, saved)
         else:
             # sharded with mixed precision: the frozen reference is held in bf16 (no master weights to keep)
             ref_dtype = mixed or dtype
@@ -413,6 +415,17 @@ class _Models:
             self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", weights_only=True))
         self.actor_lr = config.learning_rate
         self.critic_lr = config.critic_learning_rate
+        if sharded:
+            # FSDP takes the first sharded module to run a forward for the root; a LoRA policy generates through
+            # the transformers model inside the peft wrapper, below the root, so every root runs one pass first
+            # (and then frees what it gathered: a root keeps its weights gathered after a forward)
+            from torch.distributed.fsdp import FSDPModule
+
+            self.idle_pass(values=config.algorithm == "ppo")
+            for model in (self.policy, self.reference, self.critic):
+                for module in model.modules() if model is not None else ():
+                    if isinstance(module, FSDPModule):
+                        module.reshard()
 
     def set_learning_rates(self, step: int, config: RLConfig) -> dict[str, float]:
         """Linear warm-ups (``warmup_steps`` for the actor, ``critic_lr_warmup_steps`` for the critic), then
@@ -573,7 +586,11 @@ class _Models:
             return
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.policy.config)
+            if config.lora:  # the same adapters (same names) around it, merged once the weights are in
+                model = _with_lora(model, config, None)
         model.load_state_dict(full, assign=True)
+        if config.lora:
+            model = model.merge_and_unload()
         model.tie_weights()
         model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
