@@ -11,7 +11,9 @@ Two evaluation splits of the world, with entities disjoint from training and fro
 ``--dev-questions`` of the world's dev split), on which settings are compared and every setting tried is listed
 (``trials.json`` in the results directory), and ``test`` (the first ``--test-questions`` of its test split), which
 is reported and never used to choose anything. Stages, caching and the report come from ``benchmarks/harness.py``:
-a rerun resumes, and a changed setting never mixes with cached results.
+a rerun resumes; each PPO setting (``--steps``, ``--prompts``, ``--lr``, ``--critic-lr``) trains into its own
+directory next to the others, while a changed setting of the world is an error naming the files to remove (results
+of two settings are never mixed).
 
     python benchmarks/learn_s3.py            # CPU: expect over an hour at the defaults (see docs)
     python benchmarks/learn_s3.py --smoke    # tiny random searcher, a few questions, 1 step
@@ -265,7 +267,8 @@ def main() -> None:
             log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
             return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log}
 
-        ppo = exp.stage("ppo", ppo_key, train)
+        # one stage and directory per PPO setting: settings tried on dev sit side by side on the same world
+        ppo = exp.stage(stage_dir(exp, "ppo", ppo_key).name, ppo_key, train)
         measure("ppo", Path(ppo["model"]))
     finally:
         if "llm" in held:
