@@ -27,8 +27,10 @@ analysis templated as "Reference [i] states that <its first sentence>." because 
 paper has the backbone write it). Evaluated as its own stage, so "GRPO - warm start" is what GRPO added.
 ``--format-warmup 0`` runs GRPO from the base model, as the paper does.
 
-Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resumes, and a changed setting never
-mixes with cached results.
+Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resumes; each GRPO setting (``--steps``,
+``--prompts``, ``--group``, ``--lr``) trains into its own directory next to the others, while a changed setting of
+the warm start (``--format-warmup``, ``--warmup-lr``, and ``--train-questions``: the warm start takes the questions
+after GRPO's) is an error naming the files to remove (results of two settings are never mixed).
 
     python benchmarks/learn_arena.py            # CPU: expect well over an hour at the defaults (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
@@ -333,7 +335,8 @@ def main() -> None:
         log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
         return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log}
 
-    grpo = exp.stage("grpo", grpo_key, train)
+    # one stage and directory per GRPO setting: settings tried on dev sit side by side on the same warm start
+    grpo = exp.stage(stage_dir(exp, "grpo", grpo_key).name, grpo_key, train)
     measure("GRPO", Path(grpo["model"]))
 
     before = "warm start" if warm else "base"
