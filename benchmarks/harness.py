@@ -109,6 +109,11 @@ class Experiment:
         self.seconds[name] = cached["seconds"]
         return cached
 
+    def stage_dir(self, name: str, key: Any) -> Path:
+        """The output directory of stage ``name`` run with ``key``: a new key trains into a new directory, so a stage
+        rerun after its cached record was removed never resumes another setting's checkpoints."""
+        return self.work / f"{name}-{key_hash(key)}"
+
     def evaluate(self, stage: str, split: str, key: Any, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Evaluation of stage ``stage`` on ``split``: ``run()`` returns ``{"per_example": {metric: [values]}}``
         (plus anything else worth keeping); cached like a stage. Adds ``ci``: a bootstrap CI per metric."""

@@ -351,7 +351,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from harness import Experiment, key_hash, plot
+    from harness import Experiment, plot
 
     from sleuth.agents.acesearcher import AceSearcherConfig
     from sleuth.data.synth import load_synth, synthesize
@@ -435,7 +435,7 @@ def main() -> None:
     )
     mdpo_key = {"sft": sft_key, **{k: s[k] for k in mdpo_keys}, "engine": args.engine}
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
-    mdpo_dir = work / f"mdpo-{key_hash(mdpo_key)}"
+    mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     summary = exp.stage(mdpo_dir.name, mdpo_key, lambda: run_mdpo(sft, world, mdpo_dir, s, agent, args))
     for it in summary["iterations"]:  # what the table needs to explain a flat curve: ties and how far DPO moved
         stats_file = mdpo_dir / f"iter{it['iteration']}" / "stats.json"

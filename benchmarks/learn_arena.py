@@ -61,7 +61,6 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
     difference_table,
-    key_hash,
     plot,
     short,
     stage_table,
@@ -102,12 +101,6 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "save_steps": 2,
         },
     }
-
-
-def stage_dir(exp: Experiment, name: str, key: Any) -> Path:
-    """The output directory of stage ``name`` run with ``key``: a new key trains into a new directory, so a stage
-    rerun after its cached record was removed never resumes another setting's checkpoints."""
-    return exp.work / f"{name}-{key_hash(key)}"
 
 
 def slice_questions(files: list[str], start: int, count: int) -> list[Any]:
@@ -299,7 +292,7 @@ def main() -> None:
         warm_key = {"base": str(base), "files": TRAIN, "warmup": w, "agent": agent_key, "seed": args.seed}
 
         def warm_start() -> dict[str, Any]:
-            out = stage_dir(exp, "warmup", warm_key)
+            out = exp.stage_dir("warmup", warm_key)
             model = format_warmup(base, train_files, w["after"], w["questions"], agent, out, w["lr"])
             records = len((out / "records.jsonl").read_text().splitlines())
             return {"model": str(model), "records": records}
@@ -311,7 +304,7 @@ def main() -> None:
     grpo_key = {"model": str(start), "files": TRAIN, "grpo": s["grpo"], "agent": agent_key, "seed": args.seed}
 
     def train() -> dict[str, Any]:
-        out = stage_dir(exp, "grpo", grpo_key)
+        out = exp.stage_dir("grpo", grpo_key)
         g = s["grpo"]
         config = ArenaRLConfig(
             model=str(start),
@@ -336,7 +329,7 @@ def main() -> None:
         return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log}
 
     # one stage and directory per GRPO setting: settings tried on dev sit side by side on the same warm start
-    grpo = exp.stage(stage_dir(exp, "grpo", grpo_key).name, grpo_key, train)
+    grpo = exp.stage(exp.stage_dir("grpo", grpo_key).name, grpo_key, train)
     measure("GRPO", Path(grpo["model"]))
 
     before = "warm start" if warm else "base"

@@ -133,12 +133,6 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def stage_dir(exp: Experiment, name: str, key: Any) -> Path:
-    """The output directory of stage ``name`` run with ``key``: a new key trains into a new directory, so a stage
-    rerun after its cached record was removed never resumes another setting's checkpoints."""
-    return exp.work / f"{name}-{key_hash(key)}"
-
-
 def base_model(args: argparse.Namespace, work: Path) -> Path:
     if args.smoke:
         sys.path.insert(0, str(REPO))
@@ -290,7 +284,7 @@ def main() -> None:
     agent_key = dataclasses.asdict(agent)
 
     def make_world() -> dict[str, Any]:
-        out = stage_dir(exp, "world", s["world"])
+        out = exp.stage_dir("world", s["world"])
         if not (out / "world.json").exists():
             synthesize(out, **s["world"])
         if not (out / "index").exists():
@@ -327,7 +321,7 @@ def main() -> None:
     warm_key = {"world": str(world), "base": str(base), "warmup": s["warmup"], "agent": agent_key, "seed": args.seed}
 
     def warm_up() -> dict[str, Any]:
-        out = stage_dir(exp, "warmup", warm_key)
+        out = exp.stage_dir("warmup", warm_key)
         out.mkdir(parents=True, exist_ok=True)
         config = em_config(s, args, agent, model=str(base), output_dir=str(out), data_dir=str(world))
         data = out / "data.jsonl"
@@ -356,7 +350,7 @@ def main() -> None:
         }
 
         def run_arm(arm: str = arm, arm_key: dict[str, Any] = arm_key, weighting: str = weighting) -> dict[str, Any]:
-            out = stage_dir(exp, arm, arm_key)
+            out = exp.stage_dir(arm, arm_key)
             shared = Path(arms["em"]["dir"]) / "iter0" / "rollouts" if "em" in arms else None
             mine = out / "iter0" / "rollouts"
             if weighting == "uniform" and shared is not None and shared.exists() and not mine.exists():
@@ -382,7 +376,7 @@ def main() -> None:
             return {"dir": str(out), "summary": summary, "iterations": iterations}
 
         # one stage and directory per EM setting: settings tried on dev sit side by side on the same warm-up
-        arms[arm] = exp.stage(stage_dir(exp, arm, arm_key).name, arm_key, run_arm)
+        arms[arm] = exp.stage(exp.stage_dir(arm, arm_key).name, arm_key, run_arm)
         for it in arms[arm]["iterations"]:
             measure(f"{arm}-{it['iteration']}", Path(it["model"]))
 

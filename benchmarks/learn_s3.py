@@ -40,7 +40,6 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
     difference_table,
-    key_hash,
     plot,
     short,
     stage_table,
@@ -76,12 +75,6 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         },
         "ppo": {"steps": args.steps, "prompts": args.prompts, **ppo},
     }
-
-
-def stage_dir(exp: Experiment, name: str, key: Any) -> Path:
-    """The output directory of stage ``name`` run with ``key``: a new key trains into a new directory, so a stage
-    rerun after its cached record was removed never resumes another setting's checkpoints."""
-    return exp.work / f"{name}-{key_hash(key)}"
 
 
 def evaluate(
@@ -208,7 +201,7 @@ def main() -> None:
     agent_key = dataclasses.asdict(agent)
 
     def make_world() -> dict[str, Any]:
-        out = stage_dir(exp, "world", s["world"])
+        out = exp.stage_dir("world", s["world"])
         if not (out / "world.json").exists():
             synthesize(out, **s["world"])
         if not (out / "index").exists():
@@ -246,7 +239,7 @@ def main() -> None:
         }
 
         def train() -> dict[str, Any]:
-            out = stage_dir(exp, "ppo", ppo_key)
+            out = exp.stage_dir("ppo", ppo_key)
             p = s["ppo"]
             config = S3RLConfig(
                 model=str(searcher),
@@ -268,7 +261,7 @@ def main() -> None:
             return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log}
 
         # one stage and directory per PPO setting: settings tried on dev sit side by side on the same world
-        ppo = exp.stage(stage_dir(exp, "ppo", ppo_key).name, ppo_key, train)
+        ppo = exp.stage(exp.stage_dir("ppo", ppo_key).name, ppo_key, train)
         measure("ppo", Path(ppo["model"]))
     finally:
         if "llm" in held:
