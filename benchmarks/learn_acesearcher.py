@@ -18,9 +18,15 @@ The scale is tiny next to the paper's (hundreds of questions instead of 180K SFT
 135M model), so learning rates are raised and batches shrunk (flags below); the point is the direction of the
 curve and whether each stage's change is distinguishable from noise, not the paper's numbers.
 
-    python benchmarks/learn_acesearcher.py            # about 45-60 minutes on 2 CPU cores (hf engine)
+    python benchmarks/learn_acesearcher.py            # about 2 hours on 2 CPU cores with vLLM (docs/results)
     python benchmarks/learn_acesearcher.py --smoke    # tiny random model, a handful of questions, 1-2 steps
+    python benchmarks/learn_acesearcher.py --full     # 10x the data and the paper's k / N: sized for a GPU
     python benchmarks/learn_acesearcher.py --engine "vllm:{model}?max_num_seqs=64"   # a vLLM server per model
+
+Every stage is cached in the working directory (``runs/learn-acesearcher``) under the settings it depends on
+(:mod:`harness`): a killed run resumes, and another mDPO setting (``--dpo-lr``, ``--rft-questions``, ...) trains
+beside the first on the same SFT model. Settings are compared on the world's dev questions; the test questions
+only report.
 
 ``--engine`` runs every evaluation and the mDPO sampling on ``hf`` or on a vLLM server sleuth starts on each model
 (``vllm``, or a ``vllm:{model}?...`` template; :mod:`sleuth.train.mdpo`). The default, ``auto``, is ``vllm`` when
@@ -349,7 +355,16 @@ def main() -> None:
         default="auto",
         help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
     )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="sized for a GPU (not run on the 2-core CPU): 2000 / 1000 SFT questions, 1000 RFT questions per "
+        "iteration, the paper's k = 10 and N = 15",
+    )
     args = parser.parse_args()
+    if args.full:
+        args.sft_decompose_questions, args.sft_questions, args.rft_questions = 2000, 1000, 1000
+        args.k, args.total_passages = 10, 15
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from harness import Experiment, plot
 
