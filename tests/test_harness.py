@@ -1,0 +1,86 @@
+"""The learning benchmarks' shared harness (benchmarks/harness.py): stages run once per settings key and resume,
+a stage cached with other settings is refused, evaluations are cached by their key's hash, paired differences
+and the trials list."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from harness import Experiment, difference_table, key_hash, stage_table, trials_table  # noqa: E402
+
+
+def test_stage_runs_once_per_key_and_refuses_other_settings(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def train() -> dict:
+        calls.append(1)
+        return {"model": "m", "steps": 3}
+
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+    assert exp.stage("sft", {"lr": 1e-4}, train)["steps"] == 3
+    again = Experiment("t", tmp_path / "work", tmp_path / "results")
+    assert again.stage("sft", {"lr": 1e-4}, train)["model"] == "m"
+    assert len(calls) == 1  # the rerun read the cached stage
+    with pytest.raises(SystemExit, match="other settings"):
+        again.stage("sft", {"lr": 2e-4}, train)
+    other = again.stage_dir("sft", {"lr": 2e-4})
+    assert other != again.stage_dir("sft", {"lr": 1e-4}) and other.parent == tmp_path / "work"
+
+
+def test_a_killed_stage_resumes_only_with_its_own_settings(tmp_path: Path) -> None:
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+
+    def killed() -> dict:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        exp.stage("mdpo", {"lr": 1}, killed)
+    with pytest.raises(SystemExit, match="other settings"):  # its partial output belongs to lr 1
+        exp.stage("mdpo", {"lr": 2}, lambda: {"done": True})
+    assert exp.stage("mdpo", {"lr": 1}, lambda: {"done": True})["done"] is True
+    assert not (tmp_path / "work" / "stages" / "mdpo.key.json").exists()
+
+
+def test_evaluations_are_cached_by_key_and_get_cis(tmp_path: Path) -> None:
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results", seed=0)
+    calls: list[str] = []
+
+    def run(values: list[float], tag: str):
+        def inner() -> dict:
+            calls.append(tag)
+            return {"per_example": {"em": values}}
+
+        return inner
+
+    before = exp.evaluate("sft", "test", {"model": "a"}, run([0, 0, 1, 0] * 10, "a"))
+    after = exp.evaluate("mdpo", "test", {"model": "b"}, run([1, 0, 1, 1] * 10, "b"))
+    exp.evaluate("sft", "test", {"model": "a"}, run([0] * 40, "a-again"))  # cached: not called
+    exp.evaluate("sft", "test", {"model": "a2"}, run([0] * 40, "a2"))  # another key: its own file
+    assert calls == ["a", "b", "a2"]
+    assert before["ci"]["em"]["mean"] == pytest.approx(0.25)
+    assert len(list((tmp_path / "work" / "eval" / "test").glob("sft-*.json"))) == 2
+    diffs = exp.differences({"sft": before, "mdpo": after}, [("mdpo", "sft")], ["em"])
+    d = diffs["mdpo - sft"]["em"]
+    assert d["mean"] == pytest.approx(0.5) and d["lo"] > 0
+    assert "✓" in "\n".join(difference_table(diffs, ["em"]))
+    rows = stage_table({"sft": before, "mdpo": after}, ["em"])
+    assert rows[2].startswith("| sft | 40 | 25.0 [")
+
+
+def test_trials_accumulate_and_list_what_varied(tmp_path: Path) -> None:
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+    dev = {"sft": {"per_example": {"em": [1.0, 0.0]}, "ci": {"em": {"mean": 0.5, "lo": 0, "hi": 1}}}}
+    exp.record_trial({"lr": 1, "k": 3}, dev, "em")
+    exp.record_trial({"lr": 1, "k": 3}, dev, "em")  # the same settings again: one row
+    trials = exp.record_trial({"lr": 2, "k": 3}, dev, "em")
+    assert [t["settings"]["lr"] for t in trials] == [1, 2]
+    assert json.loads((tmp_path / "results" / "trials.json").read_text()) == trials
+    table = "\n".join(trials_table(trials))
+    assert "| trial | lr | dev sft |" in table and "| k |" not in table
+    assert trials[0]["id"] == key_hash({"lr": 1, "k": 3})
