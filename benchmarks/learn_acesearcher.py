@@ -240,6 +240,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         solutions=s["solutions"],
         iterations=s["iterations"],
         learning_rate=s["dpo_lr"],
+        nll_weight=s.get("nll_weight", 0.0),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
         max_steps=s["dpo_steps"],
@@ -348,6 +349,9 @@ def main() -> None:
     parser.add_argument("--sft-lr", type=float, default=1e-4, help="paper: 5e-6 (1.5B, 180K records)")
     parser.add_argument("--dpo-lr", type=float, default=2e-5, help="paper: 1e-6 (1.5B, 49K prompts)")
     parser.add_argument("--dpo-epochs", type=float, default=1.0)
+    parser.add_argument(
+        "--nll-weight", type=float, default=0.0, help="NLL term on the chosen completion (released configs: 0.2-0.5)"
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
     parser.add_argument(
@@ -435,6 +439,8 @@ def main() -> None:
         )
     except ImportError as exc:  # the SFT trainer needs the train extra
         raise SystemExit(f"SFT needs sleuth[train]: {exc}") from None
+    # the trainer's own runtime from its log: also right when the model was trained by an earlier or interrupted run
+    exp.seconds["sft"] = max(exp.seconds["sft"], _sft_runtime(sft))
     measure("sft", sft)
     mdpo_keys = (
         "rft_questions",
@@ -449,6 +455,8 @@ def main() -> None:
         "total_passages",
     )
     mdpo_key = {"sft": sft_key, **{k: s[k] for k in mdpo_keys}, "engine": args.engine}
+    if args.nll_weight:  # only when set, so runs from before the option keep their key
+        s["nll_weight"] = mdpo_key["nll_weight"] = args.nll_weight
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     summary = exp.stage(mdpo_dir.name, mdpo_key, lambda: run_mdpo(sft, world, mdpo_dir, s, agent, args))
