@@ -114,6 +114,24 @@ class Experiment:
         rerun after its cached record was removed never resumes another setting's checkpoints."""
         return self.work / f"{name}-{key_hash(key)}"
 
+    def synthetic_world(self, settings: dict[str, Any]) -> tuple[Path, str]:
+        """Stage ``world``: a synthetic world made with ``settings`` (``synthesize``'s keyword arguments) and a BM25
+        index of its corpus; its directory and the index spec."""
+
+        def make() -> dict[str, Any]:
+            from sleuth.data.synth import synthesize
+            from sleuth.retrieval.bm25 import build_bm25_index
+
+            out = self.stage_dir("world", settings)
+            if not (out / "world.json").exists():
+                synthesize(out, **settings)
+            if not (out / "index").exists():
+                build_bm25_index(out / "corpus.jsonl", out / "index")
+            return {"world": str(out), "index": str(out / "index")}
+
+        record = self.stage("world", settings, make)
+        return Path(record["world"]), record["index"]
+
     def evaluate(self, stage: str, split: str, key: Any, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Evaluation of stage ``stage`` on ``split``: ``run()`` returns ``{"per_example": {metric: [values]}}``
         (plus anything else worth keeping); cached like a stage. Adds ``ci``: a bootstrap CI per metric."""

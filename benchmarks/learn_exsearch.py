@@ -266,10 +266,9 @@ def main() -> None:
     print(f"engine: {args.engine}", flush=True)
 
     from sleuth.agents.exsearch import ExSearchConfig
-    from sleuth.data.synth import load_synth, synthesize
+    from sleuth.data.synth import load_synth
     from sleuth.llm import Sampling
     from sleuth.retrieval import load_retriever
-    from sleuth.retrieval.bm25 import build_bm25_index
     from sleuth.train.exsearch_em import train_exsearch, train_weighted, warmup_records
 
     s = settings(args)
@@ -283,16 +282,7 @@ def main() -> None:
     )
     agent_key = dataclasses.asdict(agent)
 
-    def make_world() -> dict[str, Any]:
-        out = exp.stage_dir("world", s["world"])
-        if not (out / "world.json").exists():
-            synthesize(out, **s["world"])
-        if not (out / "index").exists():
-            build_bm25_index(out / "corpus.jsonl", out / "index")
-        return {"world": str(out), "index": str(out / "index")}
-
-    world_record = exp.stage("world", s["world"], make_world)
-    world, index = Path(world_record["world"]), world_record["index"]
+    world, index = exp.synthetic_world(s["world"])
     splits = {
         split: list(load_synth(world / f"{split}.jsonl"))[: s["eval"][f"{split}_questions"]]
         for split in ("dev", "test")

@@ -174,9 +174,8 @@ def main() -> None:
 
     from sleuth.agents.s3 import S3Config
     from sleuth.assets import ensure_default_model
-    from sleuth.data.synth import load_synth, synthesize
+    from sleuth.data.synth import load_synth
     from sleuth.llm import Sampling, load_llm
-    from sleuth.retrieval.bm25 import build_bm25_index
     from sleuth.train.s3_rl import S3RLConfig, train_s3
 
     s = settings(args)
@@ -207,16 +206,7 @@ def main() -> None:
     )
     agent_key = dataclasses.asdict(agent)
 
-    def make_world() -> dict[str, Any]:
-        out = exp.stage_dir("world", s["world"])
-        if not (out / "world.json").exists():
-            synthesize(out, **s["world"])
-        if not (out / "index").exists():
-            build_bm25_index(out / "corpus.jsonl", out / "index")
-        return {"world": str(out), "index": str(out / "index")}
-
-    world_record = exp.stage("world", s["world"], make_world)
-    world, index = Path(world_record["world"]), world_record["index"]
+    world, index = exp.synthetic_world(s["world"])
     splits = {}
     for split in ("dev", "test"):
         splits[split] = list(load_synth(world / f"{split}.jsonl"))[: s["eval"][f"{split}_questions"]]
