@@ -215,6 +215,54 @@ class Experiment:
         return "Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items()) + "."
 
 
+class ModelServer:
+    """The LLM of one model, opened on first use and shared by its evaluations (one vLLM server start per model,
+    not per split)."""
+
+    def __init__(self, model_dir: Path, engine: str, options: str) -> None:
+        self.model_dir, self.engine, self.options, self.llm = model_dir, engine, options, None
+
+    def __enter__(self) -> ModelServer:
+        return self
+
+    def get(self) -> Any:
+        if self.llm is None:
+            from types import SimpleNamespace
+
+            from sleuth.llm import load_llm
+            from sleuth.train.mdpo import engine_spec
+
+            self.llm = load_llm(
+                engine_spec(SimpleNamespace(engine=self.engine, llm_options=self.options), self.model_dir)
+            )
+        return self.llm
+
+    def __exit__(self, *exc: object) -> None:
+        if self.llm is not None:
+            from sleuth.train.mdpo import close_llm
+
+            close_llm(self.llm)
+
+
+def base_model(smoke: bool, work: Path) -> Path:
+    """The model a benchmark starts from: the embedded SmolLM2, or with ``--smoke`` the tiny random test model
+    (built once in ``work``)."""
+    if smoke:
+        sys.path.insert(0, str(REPO))
+        from tests.conftest import build_tiny_model
+
+        target = work / "tiny-model"
+        return target if (target / "config.json").exists() else build_tiny_model(target)
+    from sleuth.assets import ensure_default_model
+
+    return ensure_default_model()
+
+
+def settings_block(settings: Any) -> list[str]:
+    """Markdown lines: the run's settings as a JSON block."""
+    return ["Settings:", "", "```json", json.dumps(settings, indent=1, default=str), "```", ""]
+
+
 def pct(x: float | None, signed: bool = False) -> str:
     if x is None:
         return "–"

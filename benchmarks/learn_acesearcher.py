@@ -44,42 +44,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import (  # noqa: E402  (the benchmarks directory is not a package)
+    REPO,
+    Experiment,
+    ModelServer,
+    base_model,
+    difference_table,
+    pct,
+    plot,
+    settings_block,
+    short,
+    stage_table,
+    trials_table,
+)
+
 RESULTS = REPO / "docs" / "results" / "learn_acesearcher"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Stages
 # ---------------------------------------------------------------------------------------------------------------
-
-
-class ModelServer:
-    """The LLM of one model, opened on first use and shared by its evaluations (one vLLM server start per model,
-    not per split)."""
-
-    def __init__(self, model_dir: Path, engine: str, options: str) -> None:
-        self.model_dir, self.engine, self.options, self.llm = model_dir, engine, options, None
-
-    def __enter__(self) -> ModelServer:
-        return self
-
-    def get(self) -> Any:
-        if self.llm is None:
-            from types import SimpleNamespace
-
-            from sleuth.llm import load_llm
-            from sleuth.train.mdpo import engine_spec
-
-            self.llm = load_llm(
-                engine_spec(SimpleNamespace(engine=self.engine, llm_options=self.options), self.model_dir)
-            )
-        return self.llm
-
-    def __exit__(self, *exc: object) -> None:
-        if self.llm is not None:
-            from sleuth.train.mdpo import close_llm
-
-            close_llm(self.llm)
 
 
 def evaluate(server: ModelServer, examples: list[Any], index: str, agent: Any) -> dict[str, Any]:
@@ -160,18 +146,6 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         # 3-hop chains before the tag in the first run, so the budget is 128
         "tokens": {"decompose": 64, "subanswer": 12, "final": 128},
     }
-
-
-def base_model(args: argparse.Namespace, work: Path) -> Path:
-    if args.smoke:
-        sys.path.insert(0, str(REPO))
-        from tests.conftest import build_tiny_model
-
-        target = work / "tiny-model"
-        return target if (target / "config.json").exists() else build_tiny_model(target)
-    from sleuth.assets import ensure_default_model
-
-    return ensure_default_model()
 
 
 def run_sft(base: Path, world: Path, out: Path, s: dict[str, Any], agent: Any, seed: int) -> tuple[Path, float]:
@@ -259,8 +233,6 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
 
 
 def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) -> str:
-    from harness import difference_table, pct, short, stage_table, trials_table
-
     test, dev = results["test"], results["dev"]
     lines = exp.header(
         "Learning benchmark: AceSearcher SFT + mDPO on the synthetic world",
@@ -303,17 +275,7 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
             "tied groups give no pair. The implicit-reward margin is DPO's beta-scaled log-ratio gap "
             "chosen - rejected (TRL's `rewards/margins`): about 0 means DPO did not move the model.",
         ]
-    lines += [
-        "",
-        exp.seconds_line(),
-        "",
-        "Settings:",
-        "",
-        "```json",
-        json.dumps(results["settings"], indent=1),
-        "```",
-        "",
-    ]
+    lines += ["", exp.seconds_line(), "", *settings_block(results["settings"])]
     return "\n".join(lines)
 
 
@@ -369,9 +331,6 @@ def main() -> None:
     if args.full:
         args.sft_decompose_questions, args.sft_questions, args.rft_questions = 2000, 1000, 1000
         args.k, args.total_passages = 10, 15
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from harness import Experiment, plot
-
     from sleuth.agents.acesearcher import AceSearcherConfig
     from sleuth.data.synth import load_synth, synthesize
     from sleuth.llm import Sampling
@@ -425,7 +384,7 @@ def main() -> None:
                 run = functools.partial(evaluate, server, examples, args.index, agent)
                 evaluations[split][stage] = exp.evaluate(stage, split, key, run)
 
-    base = base_model(args, work)
+    base = base_model(args.smoke, work)
     measure("base", base)
     sft_key = {
         "world": s["world"],

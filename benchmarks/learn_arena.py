@@ -60,8 +60,10 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     DATA,
     REPO,
     Experiment,
+    base_model,
     difference_table,
     plot,
+    settings_block,
     short,
     stage_table,
     trials_table,
@@ -248,17 +250,7 @@ def main() -> None:
     s = settings(args)
     work = args.work or REPO / "runs" / ("learn-arena-smoke" if args.smoke else "learn-arena")
     exp = Experiment("learn_arena", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed)
-    if args.smoke:
-        sys.path.insert(0, str(REPO))
-        from tests.conftest import build_tiny_model
-
-        base = exp.work / "tiny-model"
-        if not (base / "config.json").exists():
-            build_tiny_model(base)
-    else:
-        from sleuth.assets import ensure_default_model
-
-        base = ensure_default_model()
+    base = base_model(args.smoke, exp.work)
     agent = ArenaConfig(
         sampling=Sampling(max_new_tokens=s["agent"]["max_new_tokens"]), max_references=s["agent"]["max_references"]
     )
@@ -363,7 +355,7 @@ def main() -> None:
     lines += [*difference_table(differences["dev"], METRICS), ""]
     lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
     lines += ["Training curves: `curves.png` (reward components, KL, entropy, response length per step).", ""]
-    lines += ["Settings:", "", "```json", json.dumps(trial_settings, indent=2), "```", ""]
+    lines += settings_block(trial_settings)
     exp.write(
         {
             "smoke": args.smoke,

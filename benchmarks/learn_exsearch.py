@@ -53,9 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
+    base_model,
     difference_table,
     key_hash,
     plot,
+    settings_block,
     short,
     stage_table,
     trials_table,
@@ -131,18 +133,6 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "max_steps": -1,
         },
     }
-
-
-def base_model(args: argparse.Namespace, work: Path) -> Path:
-    if args.smoke:
-        sys.path.insert(0, str(REPO))
-        from tests.conftest import build_tiny_model
-
-        target = work / "tiny-model"
-        return target if (target / "config.json").exists() else build_tiny_model(target)
-    from sleuth.assets import ensure_default_model
-
-    return ensure_default_model()
 
 
 def em_config(s: dict[str, Any], args: argparse.Namespace, agent: Any, **fields: Any) -> Any:
@@ -303,7 +293,7 @@ def main() -> None:
                 ),
             )
 
-    base = base_model(args, exp.work)
+    base = base_model(args.smoke, exp.work)
     measure("base", base)
 
     # warm-up: the same records and trainer `sleuth train exsearch` uses
@@ -419,12 +409,7 @@ def main() -> None:
         "",
         exp.seconds_line(),
         "",
-        "Settings:",
-        "",
-        "```json",
-        json.dumps(trial_settings, indent=2),
-        "```",
-        "",
+        *settings_block(trial_settings),
     ]
     exp.write(
         {

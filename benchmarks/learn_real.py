@@ -78,8 +78,11 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     DATA,
     REPO,
     Experiment,
+    ModelServer,
+    base_model,
     difference_table,
     plot,
+    settings_block,
     short,
     stage_table,
     trials_table,
@@ -149,18 +152,6 @@ def agent_config(s: dict[str, Any]) -> Any:
     )
     config.k = s["agent"]["k"]
     return config
-
-
-def base_model(args: argparse.Namespace, work: Path) -> Path:
-    if args.smoke:
-        sys.path.insert(0, str(REPO))
-        from tests.conftest import build_tiny_model
-
-        target = work / "tiny-model"
-        return target if (target / "config.json").exists() else build_tiny_model(target)
-    from sleuth.assets import ensure_default_model
-
-    return ensure_default_model()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -331,7 +322,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.epochs is None:
         args.epochs = 2.0 if args.full else 1.0
-    from learn_acesearcher import ModelServer
 
     from sleuth.train.mdpo import auto_engine
 
@@ -367,7 +357,7 @@ def main() -> None:
 
                 evaluations[split][stage] = exp.evaluate(stage, split, key, run)
 
-    base = base_model(args, work)
+    base = base_model(args.smoke, work)
     measure("base", base)
     sft_key = {"base": str(base), "mixture": s["mixture"], "sft": s["sft"], "agent": agent_key, "seed": args.seed}
     sft_dir = exp.stage_dir("sft", sft_key)
@@ -405,7 +395,7 @@ def main() -> None:
     lines += split_section(exp, "Dev", evaluations["dev"], models)
     lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
     lines += ["SFT records per source: " + ", ".join(f"`{k}` {v}" for k, v in sft["by_source"].items()) + ".", ""]
-    lines += ["Settings:", "", "```json", json.dumps(trial, indent=1), "```", ""]
+    lines += settings_block(trial)
     exp.write(
         {
             "smoke": args.smoke,

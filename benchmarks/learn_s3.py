@@ -39,8 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
+    base_model,
     difference_table,
     plot,
+    settings_block,
     short,
     stage_table,
     trials_table,
@@ -181,15 +183,7 @@ def main() -> None:
     s = settings(args)
     work = args.work or REPO / "runs" / ("learn-s3-smoke" if args.smoke else "learn-s3")
     exp = Experiment("learn_s3", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed)
-    if args.smoke:
-        sys.path.insert(0, str(REPO))
-        from tests.conftest import build_tiny_model
-
-        searcher = exp.work / "tiny-model"
-        if not (searcher / "config.json").exists():
-            build_tiny_model(searcher)
-    else:
-        searcher = ensure_default_model()
+    searcher = base_model(args.smoke, exp.work)
     # frozen: never trained. benchmarks/s3_signal.py measures a candidate's ceiling (gold passages) - naive RAG gap
     generator_model = Path(args.generator) if args.generator else ensure_default_model()
     held: dict[str, Any] = {}
@@ -306,7 +300,7 @@ def main() -> None:
     lines += [*difference_table(differences["dev"], ["genacc"]), ""]
     lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
     lines += ["Training curves: `curves.png` (reward, KL, entropy, response length, searches per PPO step).", ""]
-    lines += ["Settings:", "", "```json", json.dumps(trial_settings, indent=2), "```", ""]
+    lines += settings_block(trial_settings)
     exp.write(
         {
             "smoke": args.smoke,

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import REPO, Experiment, difference_table, key_hash, short, stage_table  # noqa: E402
+from harness import REPO, Experiment, ModelServer, difference_table, key_hash, short, stage_table  # noqa: E402
 
 
 def passages_by_id(corpus: Path) -> dict[str, Any]:
@@ -76,8 +76,6 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "s3-signal")
     parser.add_argument("--results", type=Path, default=REPO / "docs" / "results" / "learn_s3")
     args = parser.parse_args()
-
-    from learn_acesearcher import ModelServer
 
     from sleuth.agents.s3 import S3Config
     from sleuth.assets import ensure_default_model
