@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sleuth.eval.stats import bootstrap_ci, paired_difference_ci
+from sleuth.retrieval.building import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -89,12 +90,13 @@ class Experiment:
         if path.exists():
             return json.loads(path.read_text())
         path.parent.mkdir(parents=True, exist_ok=True)
-        pending.write_text(json.dumps({"key": key}, default=str) + "\n")  # a killed stage resumes only as itself
+        # a killed stage resumes only as itself
+        write_atomic(pending, (json.dumps({"key": key}, default=str) + "\n").encode())
         return None
 
     def _store(self, path: Path, key: Any, result: dict[str, Any], seconds: float) -> dict[str, Any]:
         record = {"key": json.loads(json.dumps(key, default=str)), "seconds": round(seconds, 1), **result}
-        path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+        write_atomic(path, (json.dumps(record, indent=1, default=str) + "\n").encode())
         path.with_suffix(".key.json").unlink(missing_ok=True)
         return record
 
@@ -182,7 +184,7 @@ class Experiment:
             "metric": metric,
         }
         trials = [t for t in trials if t["id"] != entry["id"]] + [entry]
-        path.write_text(json.dumps(trials, indent=1) + "\n")
+        write_atomic(path, (json.dumps(trials, indent=1) + "\n").encode())
         return trials
 
     # -- report ----------------------------------------------------------------------------------------------------
@@ -195,8 +197,8 @@ class Experiment:
             "seconds": {**self.seconds, "this_invocation": round(time.perf_counter() - self.started, 1)},
             **results,
         }
-        (self.results / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-        (self.results / "results.md").write_text(markdown)
+        write_atomic(self.results / "results.json", (json.dumps(results, indent=1, default=str) + "\n").encode())
+        write_atomic(self.results / "results.md", markdown.encode())
         print(f"results in {self.results}", flush=True)
 
     def header(self, title: str, summary: str) -> list[str]:
