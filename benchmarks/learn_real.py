@@ -211,12 +211,12 @@ def load_split(start: int, count: int) -> dict[str, list[Any]]:
     """Questions ``start`` to ``start + count`` of each dev file, by dataset name (``sleuth eval``'s labels), with
     ``sleuth eval``'s id de-duplication and ``dataset`` metadata."""
     from sleuth.data import load_examples
-    from sleuth.eval.evaluate import _unique_ids, dataset_name
+    from sleuth.eval.evaluate import dataset_name, unique_ids
 
     out = {}
     for f in DEV:
         name = dataset_name(DATA / f)
-        examples = _unique_ids(load_examples(str(DATA / f), limit=start + count))[start:]
+        examples = unique_ids(load_examples(str(DATA / f), limit=start + count))[start:]
         for example in examples:
             example.metadata["dataset"] = name
         out[name] = examples
@@ -228,7 +228,7 @@ def evaluate(llm: Any, split: dict[str, list[Any]], agent: Any, index_root: Path
     the paragraphs of its questions (the evaluator's own builder), every trace scored by the evaluator's scorer.
     Per-question EM / F1 (file after file) and each question's dataset, for the per-dataset CIs."""
     from sleuth.agents import Context
-    from sleuth.eval.evaluate import _open_retriever, score_trace
+    from sleuth.eval.evaluate import open_retriever, score_trace
     from sleuth.runner import run
 
     per: dict[str, list[float]] = {m: [] for m in METRICS}
@@ -237,7 +237,7 @@ def evaluate(llm: Any, split: dict[str, list[Any]], agent: Any, index_root: Path
     traces.parent.mkdir(parents=True, exist_ok=True)
     with open(traces, "w", encoding="utf-8") as sink:
         for name, examples in split.items():
-            retriever = _open_retriever(examples, index_root, name)
+            retriever = open_retriever(examples, index_root, name)
             ctx = Context(llm=llm, retriever=retriever, config=agent)
             for trace in run("acesearcher", examples, ctx, concurrency=32, progress=True, description=name):
                 scores = score_trace(trace)

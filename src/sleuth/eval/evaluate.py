@@ -228,7 +228,10 @@ def _method_config(config: EvalConfig) -> Any:
     return method_config
 
 
-def _open_retriever(examples: list[Example], out: Path, name: str) -> Retriever:
+def open_retriever(examples: list[Example], out: Path, name: str) -> Retriever:
+    """``--open`` mode's retriever: a BM25 index over the paragraphs ``examples`` carry, built once under
+    ``OUT/open-index/NAME`` (a rerun loads it). Public so that a benchmark evaluating a slice of a file searches
+    exactly what ``sleuth eval --open`` would."""
     from sleuth.data import write_open_corpus
     from sleuth.retrieval.base import INDEX_MANIFEST
     from sleuth.retrieval.bm25 import build_bm25_index
@@ -244,7 +247,7 @@ def _open_retriever(examples: list[Example], out: Path, name: str) -> Retriever:
     return load_retriever(str(index_dir))
 
 
-def _unique_ids(examples: list[Example]) -> list[Example]:
+def unique_ids(examples: list[Example]) -> list[Example]:
     """Resume keys on example ids, so repeated ids in one file get a ``#n`` suffix (recorded in metadata)."""
     seen: Counter[str] = Counter()
     for example in examples:
@@ -292,7 +295,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     with open(traces_path, "a", encoding="utf-8") as sink:
         for path in config.data:
             name = dataset_name(path)
-            examples = _unique_ids(load_examples(path, format=config.format, limit=config.limit))
+            examples = unique_ids(load_examples(path, format=config.format, limit=config.limit))
             for example in examples:
                 example.metadata["dataset"] = name
             todo = [e for e in examples if (name, e.id) not in done]
@@ -301,7 +304,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
             retriever = None
             if spec.needs_retriever or (spec.wants_retriever and (config.open or config.index)):
                 if config.open:
-                    retriever = _open_retriever(examples, out, name)
+                    retriever = open_retriever(examples, out, name)
                 else:
                     # `is None`, not truthiness: Retriever defines __len__ (an HTTP call for remote ones)
                     if shared_retriever is None:
