@@ -116,6 +116,14 @@ class Experiment:
         rerun after its cached record was removed never resumes another setting's checkpoints."""
         return self.work / f"{name}-{key_hash(key)}"
 
+    def stage_keys(self, prefix: str) -> dict[str, Any]:
+        """The keys of the finished stages named ``prefix-*`` (``stage_dir``'s siblings), by stage name."""
+        return {
+            path.stem: json.loads(path.read_text())["key"]
+            for path in sorted((self.work / "stages").glob(f"{prefix}-*.json"))
+            if not path.name.endswith(".key.json")
+        }
+
     def synthetic_world(self, settings: dict[str, Any]) -> tuple[Path, str]:
         """Stage ``world``: a synthetic world made with ``settings`` (``synthesize``'s keyword arguments) and a BM25
         index of its corpus; its directory and the index spec."""

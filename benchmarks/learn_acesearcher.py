@@ -215,6 +215,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         iterations=s["iterations"],
         learning_rate=s["dpo_lr"],
         nll_weight=s.get("nll_weight", 0.0),
+        rollouts_from=s.get("rollouts_from", ""),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
         max_steps=s["dpo_steps"],
@@ -418,6 +419,17 @@ def main() -> None:
         s["nll_weight"] = mdpo_key["nll_weight"] = args.nll_weight
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
+    # iteration 1 samples from the SFT model whatever the DPO settings: a setting that differs from a finished one
+    # only after sampling trains on that one's rollouts (train_mdpo's rollouts_from checks the producer again)
+    sampling = ("sft", "rft_questions", "decompositions", "solutions", "tokens", "total_passages", "engine")
+    s["rollouts_from"] = next(
+        (
+            str(exp.work / name)
+            for name, key in exp.stage_keys("mdpo").items()
+            if name != mdpo_dir.name and all(key.get(k) == mdpo_key[k] for k in sampling)
+        ),
+        "",
+    )
     summary = exp.stage(mdpo_dir.name, mdpo_key, lambda: run_mdpo(sft, world, mdpo_dir, s, agent, args))
     for it in summary["iterations"]:  # what the table needs to explain a flat curve: ties and how far DPO moved
         stats_file = mdpo_dir / f"iter{it['iteration']}" / "stats.json"
@@ -434,7 +446,7 @@ def main() -> None:
     comparisons += [(names[i], names[i - 1]) for i in range(3, len(names))]
     settings_record = {**s, "agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "engine": args.engine}
     trials = exp.record_trial(
-        {k: v for k, v in settings_record.items() if k not in ("agent",)}, evaluations["dev"], "em"
+        {k: v for k, v in settings_record.items() if k not in ("agent", "rollouts_from")}, evaluations["dev"], "em"
     )
     results = {
         "smoke": args.smoke,

@@ -558,6 +558,36 @@ def test_a_killed_run_resumes_without_resampling(
     assert again.paths == [] and summary["iterations"][0]["iteration"] == 1
 
 
+def test_another_dpo_setting_reuses_the_first_runs_rollouts(tmp_path: Path, tiny_model_dir: Path) -> None:
+    retriever = ListRetriever(passages("Ann was born in Paris."))
+    first = _run_config(tmp_path, tiny_model_dir, iterations=1, eval_initial=False)
+    train_mdpo(first, llm_factory=Factory(), retriever=retriever)
+    first_store = tmp_path / "run" / "iter1" / "rollouts" / "rollouts.jsonl"
+
+    # another learning rate on the same starting model: iteration 1 trains on the first run's samples
+    second = _run_config(
+        tmp_path, tiny_model_dir, iterations=1, eval_initial=False, learning_rate=5e-4, rollouts_from=first.output_dir
+    )
+    second.output_dir = str(tmp_path / "run-lr")
+    factory = Factory()
+    train_mdpo(second, llm_factory=factory, retriever=retriever)
+    assert factory.llms[0].prompts == []  # nothing sampled
+    reused = tmp_path / "run-lr" / "iter1" / "rollouts" / "rollouts.jsonl"
+    assert reused.read_text() == first_store.read_text()
+    stats = json.loads((tmp_path / "run-lr" / "iter1" / "stats.json").read_text())
+    assert stats["rollouts_reused_from"] == str(tmp_path / "run" / "iter1" / "rollouts")
+    assert stats["new_rollouts"] == 0 and stats["pairs"]["total"] > 0
+
+    # another sampler setting (m') has another producer: nothing is copied, the run samples its own
+    third = _run_config(tmp_path, tiny_model_dir, iterations=1, eval_initial=False, solutions=2)
+    third.output_dir, third.rollouts_from = str(tmp_path / "run-m2"), first.output_dir
+    factory = Factory()
+    train_mdpo(third, llm_factory=factory, retriever=retriever)
+    assert factory.llms[0].prompts
+    stats = json.loads((tmp_path / "run-m2" / "iter1" / "stats.json").read_text())
+    assert "rollouts_reused_from" not in stats and stats["rollouts"] == 4 * 2 * 2
+
+
 def test_config_from_yaml_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     from sleuth.train.config import ConfigError, load_config
 

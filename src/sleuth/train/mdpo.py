@@ -174,6 +174,10 @@ class MDPOConfig:
     keep_checkpoints: bool = False
     seed: int = 0
     eval_initial: bool = True  # also evaluate θ(1) on dev (iteration 1's stats: dev_initial)
+    # An earlier run's output_dir: each iteration starts from that run's rollouts where they have this run's producer
+    # (same model and revision, agent settings, m, m', seed), so another DPO setting (beta, learning_rate,
+    # nll_weight, ...) on the same starting model trains on the very samples of the first without drawing them again.
+    rollouts_from: str = ""
     progress: bool = True
 
     def validate(self) -> None:
@@ -223,6 +227,24 @@ def _tagged(example: Example, question_id: str, decomposition: int | None, given
 
 def _decompose_step(trace: Trace) -> Step | None:
     return next((s for s in trace.steps if s.kind == "decompose"), None)
+
+
+def _reuse_rollouts(source: Path, target: Path, producer: dict[str, Any], config: MDPOConfig) -> bool:
+    """Copy the rollout store ``source`` to ``target`` when its producer is ``producer`` (``rollouts_from``); say
+    why not otherwise. The store's own check still guards the copy when it is opened."""
+    manifest = source / "store.json"
+    if not manifest.exists():
+        _log(config, f"rollouts_from: {source} holds no rollouts; sampling")
+        return False
+    theirs = json.loads(manifest.read_text())
+    ours = json.loads(json.dumps(producer, default=str))
+    changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    if changed:
+        _log(config, f"rollouts_from: {source} has another producer (differs in {changed}); sampling")
+        return False
+    shutil.copytree(source, target)
+    _log(config, f"rollouts_from: reusing {source} ({len(RolloutStore(target))} rollouts)")
+    return True
 
 
 def sample_rollouts(
@@ -1102,8 +1124,14 @@ def _iterate(
             "solutions": config.solutions,
             "seed": config.seed,
         }
+        reused = None
+        if config.rollouts_from and not (it / "rollouts").exists():
+            source = Path(config.rollouts_from) / f"iter{t}" / "rollouts"
+            reused = str(source) if _reuse_rollouts(source, it / "rollouts", producer, config) else None
         store = RolloutStore(it / "rollouts", producer=producer)
         stats: dict[str, Any] = {"iteration": t, "policy": str(policy), "reference": str(policy)}
+        if reused:
+            stats["rollouts_reused_from"] = reused
         if not model_dir.exists():
             started = time.perf_counter()
             llm = engines.open(policy)
