@@ -34,7 +34,9 @@ checkpoints stay in the working directory (``runs/learn-real``), which git ignor
     python benchmarks/learn_real.py --smoke    # tiny random model, 2 questions per file, 2 SFT steps (~1 min)
     python benchmarks/learn_real.py --full     # every train record, 2 epochs, 150 test / 50 dev per file: a GPU
 
-Time (estimated, not measured on the real model: the 2 cores were busy). SFT cost is about proportional to the
+Time, measured (``docs/results/learn_real``, vLLM engine): the four evaluations took 23 min (6-7 min per 150 test
+questions, 4-6 min per 102 dev questions); the SFT took 86 min while a CI run shared the cores, at 21-28 s per
+step once they were free, i.e. ~40-45 min alone. The estimate it was sized with: SFT cost is about proportional to the
 trained tokens: ~25 s per optimiser step of 8 records of ~600 tokens for SmolLM2-135M on the 2-core CPU, i.e.
 ~5 ms per token. The default mixture (``--scale 1``) is 826 records (400 decomposition, 326 context-QA, 100 final),
 419K tokens counted with SmolLM2's tokenizer (means: decomposition ~150, context-QA ~650, final ~1,100 for 2Wiki and
