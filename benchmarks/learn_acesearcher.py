@@ -438,16 +438,18 @@ def main() -> None:
             it["trajectories"] = stats.get("trajectories")
             it["questions"] = stats.get("questions")
             it["degenerate"] = stats.get("degenerate")
+            it["rollouts_reused_from"] = stats.get("rollouts_reused_from")
             it["dpo"] = {k: v for k, v in (stats.get("dpo") or {}).items() if k != "log_history"}
         measure(f"mdpo-{it['iteration']}", mdpo_dir / f"iter{it['iteration']}" / "model")
 
     names = list(evaluations["test"])
     comparisons = [("sft", "base"), *[(n, "sft") for n in names if n.startswith("mdpo")]]
     comparisons += [(names[i], names[i - 1]) for i in range(3, len(names))]
-    settings_record = {**s, "agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "engine": args.engine}
-    trials = exp.record_trial(
-        {k: v for k, v in settings_record.items() if k not in ("agent", "rollouts_from")}, evaluations["dev"], "em"
-    )
+    # rollouts_from says where samples could be reused from, not what was trained (a stage that sampled its own, or
+    # a cached one, also gets it): what each iteration reused is in its stats (``rollouts_reused_from``)
+    settings_record = {k: v for k, v in s.items() if k != "rollouts_from"}
+    settings_record |= {"agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "engine": args.engine}
+    trials = exp.record_trial({k: v for k, v in settings_record.items() if k != "agent"}, evaluations["dev"], "em")
     results = {
         "smoke": args.smoke,
         "test_questions": len(splits["test"]),
