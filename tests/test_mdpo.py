@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -563,6 +564,14 @@ def test_another_dpo_setting_reuses_the_first_runs_rollouts(tmp_path: Path, tiny
     first = _run_config(tmp_path, tiny_model_dir, iterations=1, eval_initial=False)
     train_mdpo(first, llm_factory=Factory(), retriever=retriever)
     first_store = tmp_path / "run" / "iter1" / "rollouts" / "rollouts.jsonl"
+    store = RolloutStore(first_store.parent)
+    train = [Example.from_dict(json.loads(line)) for line in Path(first.train_file).read_text().splitlines()]
+    assert mdpo.pending_rollouts(train, store, 2, 3) == 0
+    steps = [mdpo._decompose_step(r.trace) for r in store if r.key.count("#") == 1]
+    decomposed = sum(1 for step in steps if step is not None and step.output is not None)
+    assert decomposed > 0
+    assert mdpo.pending_rollouts(train, store, 2, 4) == decomposed  # one more solver run per decomposition
+    assert mdpo.pending_rollouts(train, store, 3, 3) == len(train)  # a third decomposition per question
 
     # another learning rate on the same starting model: iteration 1 trains on the first run's samples
     second = _run_config(
@@ -571,12 +580,20 @@ def test_another_dpo_setting_reuses_the_first_runs_rollouts(tmp_path: Path, tiny
     second.output_dir = str(tmp_path / "run-lr")
     factory = Factory()
     train_mdpo(second, llm_factory=factory, retriever=retriever)
-    assert factory.llms[0].prompts == []  # nothing sampled
+    # nothing to sample, so no sampling engine is started: the only model opened is the trained one, for dev
+    assert factory.paths == [tmp_path / "run-lr" / "iter1" / "model"]
     reused = tmp_path / "run-lr" / "iter1" / "rollouts" / "rollouts.jsonl"
     assert reused.read_text() == first_store.read_text()
-    stats = json.loads((tmp_path / "run-lr" / "iter1" / "stats.json").read_text())
+    stats_file = tmp_path / "run-lr" / "iter1" / "stats.json"
+    stats = json.loads(stats_file.read_text())
     assert stats["rollouts_reused_from"] == str(tmp_path / "run" / "iter1" / "rollouts")
     assert stats["new_rollouts"] == 0 and stats["pairs"]["total"] > 0
+
+    # killed after the copy, before the iteration finished: the resumed run still says where its rollouts came from
+    shutil.rmtree(tmp_path / "run-lr" / "iter1" / "model")
+    stats_file.unlink()
+    train_mdpo(second, llm_factory=Factory(), retriever=retriever)
+    assert json.loads(stats_file.read_text())["rollouts_reused_from"] == stats["rollouts_reused_from"]
 
     # another sampler setting (m') has another producer: nothing is copied, the run samples its own
     third = _run_config(tmp_path, tiny_model_dir, iterations=1, eval_initial=False, solutions=2)

@@ -100,6 +100,7 @@ __all__ = [
 PAIR_SETS: tuple[str, ...] = ("decompose", "subq", "final")
 MDPO_KEY = "mdpo"  # Example.metadata key: {"question_id", "decomposition"} of a sampled run
 METHOD = "acesearcher"
+REUSED_FILE = "rollouts_reused_from.json"  # in an iteration's directory: the store its rollouts were copied from
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -243,8 +244,37 @@ def _reuse_rollouts(source: Path, target: Path, producer: dict[str, Any], config
         _log(config, f"rollouts_from: {source} has another producer (differs in {changed}); sampling")
         return False
     shutil.copytree(source, target)
+    # a resumed iteration finds the copy already there: the record of where it came from outlives this call
+    _write_json(target.parent / REUSED_FILE, {"rollouts_reused_from": str(source)})
     _log(config, f"rollouts_from: reusing {source} ({len(RolloutStore(target))} rollouts)")
     return True
+
+
+def _fixed_decomposition_runs(store: RolloutStore, wanted: set[str]) -> list[Example]:
+    """The examples of the m'-1 further solver runs of every sampled decomposition of the questions ``wanted``."""
+    fixed: list[Example] = []
+    for rollout in store:
+        info = rollout.trace.example.metadata.get(MDPO_KEY) or {}
+        if info.get("decomposition") is not None or rollout.group not in wanted:
+            continue
+        step = _decompose_step(rollout.trace)
+        if step is None or step.output is None:
+            continue
+        fixed.append(_tagged(rollout.trace.example, rollout.group, rollout.sample, given=step.output))
+    fixed.sort(key=lambda e: e.id)
+    return fixed
+
+
+def pending_rollouts(examples: Iterable[Example], store: RolloutStore, decompositions: int, solutions: int) -> int:
+    """How many runs :func:`sample_rollouts` would still sample into ``store``; 0 when it has nothing to do (no LLM
+    is needed). While decompositions are missing it counts only them: their further runs depend on their output."""
+    examples = list(examples)
+    done = store.keys()
+    missing = sum(f"{e.id}#{i}" not in done for e in examples for i in range(decompositions))
+    if missing or solutions < 2:
+        return missing
+    fixed = _fixed_decomposition_runs(store, {e.id for e in examples})
+    return sum(f"{e.id}#{j}" not in done for e in fixed for j in range(solutions - 1))
 
 
 def sample_rollouts(
@@ -269,16 +299,7 @@ def sample_rollouts(
     new = collect(METHOD, first, ctx, store, samples=decompositions, concurrency=concurrency, progress=progress)
     if solutions < 2:
         return new
-    fixed: list[Example] = []
-    for rollout in store:
-        info = rollout.trace.example.metadata.get(MDPO_KEY) or {}
-        if info.get("decomposition") is not None or rollout.group not in wanted:
-            continue
-        step = _decompose_step(rollout.trace)
-        if step is None or step.output is None:
-            continue
-        fixed.append(_tagged(rollout.trace.example, rollout.group, rollout.sample, given=step.output))
-    fixed.sort(key=lambda e: e.id)
+    fixed = _fixed_decomposition_runs(store, wanted)
     new += collect(METHOD, fixed, ctx, store, samples=solutions - 1, concurrency=concurrency, progress=progress)
     return new
 
@@ -1124,15 +1145,19 @@ def _iterate(
             "solutions": config.solutions,
             "seed": config.seed,
         }
-        reused = None
         if config.rollouts_from and not (it / "rollouts").exists():
             source = Path(config.rollouts_from) / f"iter{t}" / "rollouts"
-            reused = str(source) if _reuse_rollouts(source, it / "rollouts", producer, config) else None
+            _reuse_rollouts(source, it / "rollouts", producer, config)
         store = RolloutStore(it / "rollouts", producer=producer)
         stats: dict[str, Any] = {"iteration": t, "policy": str(policy), "reference": str(policy)}
-        if reused:
-            stats["rollouts_reused_from"] = reused
-        if not model_dir.exists():
+        if (it / REUSED_FILE).exists():
+            stats.update(json.loads((it / REUSED_FILE).read_text()))
+        initial_eval = t == 1 and config.eval_initial and bool(dev) and not (it / "dev_initial.json").exists()
+        pending = pending_rollouts(train, store, config.decompositions, config.solutions)
+        if not model_dir.exists() and not pending and not initial_eval:
+            _log(config, f"iteration {t}: all {len(store)} rollouts are in the store; no sampling engine started")
+            stats["new_rollouts"] = 0
+        elif not model_dir.exists():
             started = time.perf_counter()
             llm = engines.open(policy)
             stats["sampling_engine"] = engine_record(llm)
@@ -1149,7 +1174,7 @@ def _iterate(
             )
             stats["new_rollouts"] = new
             seconds["sampling"] = time.perf_counter() - started
-            if t == 1 and config.eval_initial and dev and not (it / "dev_initial.json").exists():
+            if initial_eval:
                 started = time.perf_counter()
                 traces_file = it / "dev_initial_traces.jsonl"
                 initial = evaluate_dev(dev, llm, retriever, config.agent, traces_file, config.concurrency)
