@@ -125,14 +125,72 @@ def evaluate(
     }
 
 
-def contexts(before: dict[str, Any], after: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """The generator's accuracy per context, as harness evaluations of one metric ``genacc``: naive RAG (from the
-    evaluation before training: it does not depend on the searcher), the searcher before and after."""
+def gold_accuracy(generator: Any, examples: list[Any], world: Path, agent: Any) -> dict[str, Any]:
+    """The frozen generator's GenAcc with each question's gold supporting passages: the ceiling a searcher could
+    reach (as ``benchmarks/s3_signal.py`` measures it)."""
+    from s3_signal import passages_by_id, score
+
+    corpus = passages_by_id(world / "corpus.jsonl")
+    gold = [[corpus[i] for i in e.supporting_ids if i in corpus] for e in examples]
+    scored = score(generator, examples, gold, agent)
+    return {"per_example": {"genacc": scored["per_example"]["acc"]}, "answers": scored["answers"]}
+
+
+def step_rewards(out: Path) -> list[dict[str, Any]]:
+    """Per PPO step, from the rollouts it trained on: reward mean and std, the share of episodes with a reward
+    other than 0 (PPO has no groups: an all-zero step teaches only through the KL term), and the mean of each
+    reward component."""
+    from statistics import pstdev
+
+    from sleuth.train.rollouts import RolloutStore
+
+    rows = []
+    for step_dir in sorted((out / "rollouts").glob("step-*")):
+        extras = [r.extra for r in RolloutStore(step_dir)]
+        rewards = [float(e.get("reward", 0.0)) for e in extras]
+        if not rewards:
+            continue
+        row: dict[str, Any] = {
+            "step": int(step_dir.name.split("-")[1]),
+            "episodes": len(rewards),
+            "mean": mean(rewards),
+            "std": pstdev(rewards),
+            "nonzero": sum(r != 0 for r in rewards) / len(rewards),
+            "positive": sum(r > 0 for r in rewards) / len(rewards),
+        }
+        for key in ("acc_s3", "acc_naive", "selected"):
+            values = [float(e["components"][key]) for e in extras if key in (e.get("components") or {})]
+            row[key] = mean(values) if values else None
+        rows.append(row)
+    return rows
+
+
+def step_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| step | episodes | reward mean | reward std | reward ≠ 0 | reward > 0 | Acc(s3 docs) | Acc(naive) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        acc = [f"{r[k]:.3f}" if r[k] is not None else "–" for k in ("acc_s3", "acc_naive")]
+        lines.append(
+            f"| {r['step']} | {r['episodes']} | {r['mean']:+.3f} | {r['std']:.3f} | {100 * r['nonzero']:.0f}% "
+            f"| {100 * r['positive']:.0f}% | {acc[0]} | {acc[1]} |"
+        )
+    return lines
+
+
+def contexts(
+    before: dict[str, Any], after: dict[str, Any] | None, gold: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The generator's accuracy per context, as harness evaluations of one metric ``genacc``: the gold passages
+    (the ceiling), naive RAG (from the evaluation before training: it does not depend on the searcher), the
+    searcher before and after."""
 
     def view(e: dict[str, Any], metric: str) -> dict[str, Any]:
         return {**e, "per_example": {"genacc": e["per_example"][metric]}, "ci": {"genacc": e["ci"][metric]}}
 
-    views = {"naive RAG": view(before, "genacc_naive"), "s3 before": view(before, "genacc")}
+    views = {"gold passages": view(gold, "genacc")} if gold is not None else {}
+    views |= {"naive RAG": view(before, "genacc_naive"), "s3 before": view(before, "genacc")}
     if after is not None:
         views["s3 after"] = view(after, "genacc")
     return views
@@ -205,6 +263,7 @@ def main() -> None:
     for split in ("dev", "test"):
         splits[split] = list(load_synth(world / f"{split}.jsonl"))[: s["eval"][f"{split}_questions"]]
     evaluations: dict[str, dict[str, dict[str, Any]]] = {"dev": {}, "test": {}}
+    ceilings: dict[str, dict[str, Any]] = {}
 
     def measure(stage: str, model: Path) -> None:
         for split, examples in splits.items():
@@ -219,6 +278,14 @@ def main() -> None:
             )
 
     try:
+        for split, examples in splits.items():
+            key = {"generator": str(generator_model), "questions": len(examples), "world": s["world"]}
+            ceilings[split] = exp.evaluate(
+                "gold",
+                split,
+                {**key, "agent": agent_key},
+                lambda examples=examples: gold_accuracy(generator(), examples, world, agent),
+            )
         measure("base", searcher)
         ppo_key = {
             "world": str(world),
@@ -258,8 +325,13 @@ def main() -> None:
         if "llm" in held:
             close_llm(held["llm"])
 
-    views = {split: contexts(e["base"], e.get("ppo")) for split, e in evaluations.items()}
-    pairs = [("s3 before", "naive RAG"), ("s3 after", "naive RAG"), ("s3 after", "s3 before")]
+    views = {split: contexts(e["base"], e.get("ppo"), ceilings[split]) for split, e in evaluations.items()}
+    pairs = [
+        ("gold passages", "naive RAG"),
+        ("s3 before", "naive RAG"),
+        ("s3 after", "naive RAG"),
+        ("s3 after", "s3 before"),
+    ]
     differences = {split: exp.differences(v, pairs, ["genacc"]) for split, v in views.items()}
     trial_settings = {**s, "agent": agent_key, "engine": args.engine}
     trials = exp.record_trial(trial_settings, views["dev"], "genacc")
@@ -280,7 +352,8 @@ def main() -> None:
     log = ppo["log"]
     step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
     rewarded = sum(1 for r in log if r.get("reward", 0.0) > 0)
-    models = {"naive RAG": "–", "s3 before": short(searcher), "s3 after": short(ppo["model"])}
+    steps = step_rewards(Path(ppo["dir"]))
+    models = {"gold passages": "–", "naive RAG": "–", "s3 before": short(searcher), "s3 after": short(ppo["model"])}
     shape = ", ".join(
         f"{name} {mean(e['searches']):.2f} searches, {mean(e['selected']):.2f} documents selected"
         for name, e in (("before", evaluations["test"]["base"]), ("after", evaluations["test"]["ppo"]))
@@ -296,6 +369,15 @@ def main() -> None:
     )
     lines += ["## Test (held out)", "", *stage_table(test, ["genacc"], models), "", f"Per question: {shape}.", ""]
     lines += [*difference_table(differences["test"], ["genacc"]), ""]
+    lines += [
+        "## PPO steps",
+        "",
+        "Reward (Gain Beyond RAG) over each step's episodes, from the rollouts the step trained on; PPO has no "
+        "groups, so the share of episodes with a reward other than 0 is what carries signal to the advantages.",
+        "",
+        *step_table(steps),
+        "",
+    ]
     lines += ["## Dev", "", *stage_table(views["dev"], ["genacc"]), ""]
     lines += [*difference_table(differences["dev"], ["genacc"]), ""]
     lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
@@ -309,6 +391,7 @@ def main() -> None:
             "accuracy": {split: {k: v["ci"]["genacc"] for k, v in view.items()} for split, view in views.items()},
             "differences": differences,
             "training": ppo,
+            "steps": steps,
             "trials": trials,
         },
         "\n".join(lines),
