@@ -55,7 +55,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the run, grouped by the stage that reads it (a group is that stage's part of its key).
     ``--smoke`` fixes the sizes but keeps the learning rates and the seed given (to try resumption)."""
     world: dict[str, Any] = {"seed": args.seed, "min_hops": 2, "max_hops": 3}
-    ppo = {"lr": args.lr, "critic_lr": args.critic_lr, "mini_batches": 2, "micro_batch": 2, "save_steps": 2}
+    # micro_batch 1: at 2 the first PPO update (actor, reference and separate critic, full fine-tuning, episodes of
+    # 1.0-1.5k tokens) reached 17 GB resident next to the generator's server and was killed for memory (24 GiB here)
+    ppo = {"lr": args.lr, "critic_lr": args.critic_lr, "mini_batches": 2, "micro_batch": 1, "save_steps": 2}
     if args.smoke:
         world.update(train_entities=60, dev_entities=30, test_entities=30)
         world.update(train_questions=12, dev_questions=2, test_questions=3)
