@@ -335,7 +335,7 @@ def main() -> None:
         ("s3 after", "s3 before"),
     ]
     differences = {split: exp.differences(v, pairs, ["genacc"]) for split, v in views.items()}
-    trial_settings = {**s, "agent": agent_key, "engine": args.engine}
+    trial_settings = {**s, "generator": str(generator_model), "agent": agent_key, "engine": args.engine}
     trials = exp.record_trial(trial_settings, views["dev"], "genacc")
 
     test = views["test"]
@@ -361,7 +361,7 @@ def main() -> None:
         for name, e in (("before", evaluations["test"]["base"]), ("after", evaluations["test"]["ppo"]))
     )
     lines = exp.header(
-        "Learning benchmark: s3 PPO on the synthetic world (frozen SmolLM2 generator)",
+        f"Learning benchmark: s3 PPO on the synthetic world (frozen generator {short(generator_model)})",
         f"Test: the first {len(splits['test'])} questions of the world's test split, dev: the first "
         f"{len(splits['dev'])} of its dev split (2-3 hops, entities disjoint from training and from each other). "
         f"{len(log)} PPO steps x {s['ppo']['prompts']} questions ({step_seconds:.0f} s of steps; {rewarded} step(s) "
@@ -369,7 +369,18 @@ def main() -> None:
         f"{args.engine}. GenAcc (span) of the frozen generator with 95% bootstrap CIs over questions (1000 "
         "resamples). Settings are compared on dev only.",
     )
-    lines += ["## Test (held out)", "", *stage_table(test, ["genacc"], models), "", f"Per question: {shape}.", ""]
+    naive = test["naive RAG"]["per_example"]["genacc"]
+
+    def swapped(got: list[float]) -> str:
+        wins = sum(a > b for a, b in zip(got, naive, strict=True))
+        losses = sum(a < b for a, b in zip(got, naive, strict=True))
+        return f"right where naive RAG is wrong on {wins}, wrong where it is right on {losses}"
+
+    swaps = "; ".join(
+        f"{k}: {swapped(test[k]['per_example']['genacc'])}" for k in ("s3 before", "s3 after") if k in test
+    )
+    lines += ["## Test (held out)", "", *stage_table(test, ["genacc"], models), ""]
+    lines += [f"Per question: {shape}. The searcher's documents vs naive RAG's, {swaps}.", ""]
     lines += [*difference_table(differences["test"], ["genacc"]), ""]
     lines += [
         "## PPO steps",
