@@ -88,6 +88,7 @@ __all__ = [
     "format_checks",
     "load_pairs",
     "main",
+    "pending_rollouts",
     "reference_gate",
     "sample_rollouts",
     "train_dpo",
