@@ -32,7 +32,7 @@ Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resu
 the warm start (``--format-warmup``, ``--warmup-lr``, and ``--train-questions``: the warm start takes the questions
 after GRPO's) is an error naming the files to remove (results of two settings are never mixed).
 
-    python benchmarks/learn_arena.py            # CPU: expect well over an hour at the defaults (see docs)
+    python benchmarks/learn_arena.py            # about 40 minutes on 2 CPU cores with vLLM evaluations (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
 
 Engines. ``--engine`` runs the evaluations on ``hf`` or on a vLLM server sleuth starts on each model (``vllm``, or a
@@ -211,11 +211,11 @@ def main() -> None:
     parser.add_argument("--test-questions", type=int, default=34, help="held-out questions per dev file (reported)")
     parser.add_argument("--dev-questions", type=int, default=34, help="per dev file, from its 101st question")
     parser.add_argument("--train-questions", type=int, default=60, help="per train file (warm start: later ones)")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=4, help="questions per step")
     parser.add_argument("--group", type=int, default=4, help="G (paper: 7)")
     parser.add_argument("--max-references", type=int, default=6)
-    parser.add_argument("--lr", type=float, default=2e-4, help="LoRA learning rate (paper: 3e-6, full fine-tuning)")
+    parser.add_argument("--lr", type=float, default=5e-4, help="LoRA learning rate (paper: 3e-6, full fine-tuning)")
     parser.add_argument("--format-warmup", type=int, default=32, help="warm-start questions (0: none, as the paper)")
     parser.add_argument("--warmup-lr", type=float, default=1e-4, help="full fine-tuning rate of the warm start")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
