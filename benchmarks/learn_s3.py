@@ -15,6 +15,18 @@ a rerun resumes; each PPO setting (``--steps``, ``--prompts``, ``--lr``, ``--cri
 directory next to the others, while a changed setting of the world is an error naming the files to remove (results
 of two settings are never mixed).
 
+Searcher warm start (a deviation, off by default: ``--searcher-warmup 0`` runs PPO from the base searcher, as the
+paper does). The untrained 135M searcher never finds the second hop of these 2-3-hop questions (it beat naive RAG
+on 0 of 200 held-out questions, 0.12 searches per question), so every PPO episode scored Gain Beyond RAG 0 and PPO
+learned nothing. With ``--searcher-warmup N`` the searcher is first fine-tuned (all weights, ``--searcher-warmup-lr``,
+``--searcher-warmup-epochs``) on N gold searcher transcripts of questions from the second half of the world's train
+split (:func:`sleuth.train.s3_rl.searcher_warmup_records`: the gold sub-questions, their ``#k`` resolved, as the
+queries, the real retrieval results as observations, the gold passages shown as ``<important_info>``, then
+``<search_complete>True``; replayed through the real agent; observations and prompt masked out of the loss), and PPO
+then trains from that model on the first half only, so the two never share a question. Evaluated as its own stage,
+so "s3 after - s3 warm start" is what PPO added; the report gives the transcripts built and the questions skipped
+and why. Each warm-start setting trains into its own directory next to the others.
+
     python benchmarks/learn_s3.py            # CPU: expect over an hour at the defaults (see docs)
     python benchmarks/learn_s3.py --smoke    # tiny random searcher, a few questions, 1 step
 
@@ -65,6 +77,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "world": world,
             "eval": {"dev_questions": 2, "test_questions": 3, "tokens": 12, "generator_tokens": 24},
             "ppo": {"steps": 1, "prompts": 2, **ppo},
+            **warmup_settings(args, world),
         }
     # pools the evaluations take their first questions from: --dev/--test-questions up to 200 keep the world
     world.update(train_questions=args.train_questions)
@@ -78,7 +91,58 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "generator_tokens": 24,
         },
         "ppo": {"steps": args.steps, "prompts": args.prompts, **ppo},
+        **warmup_settings(args, world),
     }
+
+
+def warmup_settings(args: argparse.Namespace, world: dict[str, Any]) -> dict[str, Any]:
+    """The warm start's group of settings, absent without a warm start (so the other stages' keys and the trial of
+    a run without one are unchanged): N transcripts (at most 4 with ``--smoke``) from the train questions after the
+    first half (``after``), which PPO then trains on alone."""
+    if args.searcher_warmup <= 0:
+        return {}
+    questions = min(args.searcher_warmup, 4) if args.smoke else args.searcher_warmup
+    warmup = {"questions": questions, "lr": args.searcher_warmup_lr, "epochs": args.searcher_warmup_epochs}
+    return {"warmup": {**warmup, "batch": 8, "micro_batch": 1, "after": world["train_questions"] // 2}}
+
+
+def warm_start(
+    base: Path, world: Path, index: str, agent: Any, w: dict[str, Any], out: Path, seed: int
+) -> dict[str, Any]:
+    """Gold searcher transcripts of the train questions after the first ``w["after"]`` (the first ``w["questions"]``
+    that can be built), then full fine-tuning of ``base`` on them into ``out/model``; the transcripts in
+    ``out/records.jsonl`` and their summary (questions examined up to the last one used, skipped by reason, hops)
+    in ``out/data_summary.json``. A killed run resumes (the data is rebuilt, deterministically; training resumes
+    from its checkpoints)."""
+    from transformers import AutoTokenizer
+
+    from sleuth.data.synth import load_synth
+    from sleuth.retrieval import load_retriever
+    from sleuth.train.s3_rl import searcher_warmup_records, warm_start_searcher
+
+    tokenizer = AutoTokenizer.from_pretrained(base)  # the observation cap counts the searcher's tokens
+    retriever = load_retriever(index)
+    pool = list(load_synth(world / "train.jsonl"))[w["after"] :]
+    records, summary = searcher_warmup_records(pool, retriever, agent, tokenizer)
+    if len(records) > w["questions"]:  # the data is the first N transcripts: summarise the questions up to the last
+        last = next(i for i, e in enumerate(pool) if e.id == records[w["questions"] - 1]["id"])
+        records, summary = searcher_warmup_records(pool[: last + 1], retriever, agent, tokenizer)
+    if not records:
+        raise SystemExit(f"searcher warm start: no gold transcript could be built ({summary})")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (out / "data_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    stats = warm_start_searcher(
+        records,
+        base,
+        out,
+        w["lr"],
+        w["epochs"],
+        batch_size=w["batch"],
+        per_device_batch_size=w["micro_batch"],
+        seed=seed,
+    )
+    return {"dir": str(out), "model": str(out / "model"), "data": summary, "train": stats}
 
 
 def evaluate(
@@ -182,20 +246,47 @@ def step_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def contexts(
-    before: dict[str, Any], after: dict[str, Any] | None, gold: dict[str, Any] | None = None
+    before: dict[str, Any],
+    after: dict[str, Any] | None,
+    gold: dict[str, Any] | None = None,
+    warm: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The generator's accuracy per context, as harness evaluations of one metric ``genacc``: the gold passages
     (the ceiling), naive RAG (from the evaluation before training: it does not depend on the searcher), the
-    searcher before and after."""
+    searcher before training, after the warm start (when there is one) and after PPO."""
 
     def view(e: dict[str, Any], metric: str) -> dict[str, Any]:
         return {**e, "per_example": {"genacc": e["per_example"][metric]}, "ci": {"genacc": e["ci"][metric]}}
 
     views = {"gold passages": view(gold, "genacc")} if gold is not None else {}
     views |= {"naive RAG": view(before, "genacc_naive"), "s3 before": view(before, "genacc")}
+    if warm is not None:
+        views["s3 warm start"] = view(warm, "genacc")
     if after is not None:
         views["s3 after"] = view(after, "genacc")
     return views
+
+
+def warm_summary(warm: dict[str, Any], w: dict[str, Any]) -> str:
+    """The warm start's data (transcripts built, questions skipped and why, searches and hops) and training, as
+    one paragraph of the report."""
+    data, train = warm["data"], warm["train"]
+    skipped = ", ".join(f"{reason} {n}" for reason, n in data["skipped"].items()) or "none"
+    searches = ", ".join(
+        f"{count} with {n} search{'' if n == '1' else 'es'}" for n, count in data["searches_per_record"].items()
+    )
+    hops = data["hops"]
+    losses = f"loss {train['first_loss']:.3f} -> {train['last_loss']:.3f}" if train.get("first_loss") else "no loss"
+    return (
+        f"A deviation from the paper (PPO then starts from this model, on the first {w['after']} train questions "
+        f"only). {data['records']} gold searcher transcripts built from train questions "
+        f"{w['after'] + 1} to {w['after'] + data['questions']} (skipped: {skipped}): {searches}. Of "
+        f"their {hops['hops']} retrieval hops, {hops['hops_in_initial']} were in the initial naive-RAG documents, "
+        f"{hops['hops_queried']} were queried with the gold sub-question ({hops['gold_retrieved']} of these found "
+        f"their gold passage) and {hops['hops_beyond_max_turns']} were left beyond the turn limit. Full fine-tuning "
+        f"on {train['trained']} of them: {w['epochs']:g} epochs, lr {w['lr']:g}, {train['steps']} steps, {losses}, "
+        f"{train['seconds']:.0f} s."
+    )
 
 
 def mean(values: list[float]) -> float:
@@ -214,6 +305,16 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16, help="questions per step (paper: 120)")
     parser.add_argument("--lr", type=float, default=1e-5, help="actor (paper: 1e-6 for 7B)")
     parser.add_argument("--critic-lr", type=float, default=1e-4, help="value head (paper: 1e-5)")
+    parser.add_argument(
+        "--searcher-warmup",
+        type=int,
+        default=0,
+        help="gold searcher transcripts to fine-tune on before PPO (0: none, as the paper)",
+    )
+    parser.add_argument(
+        "--searcher-warmup-lr", type=float, default=1e-4, help="full fine-tuning rate of the warm start"
+    )
+    parser.add_argument("--searcher-warmup-epochs", type=float, default=2.0, help="epochs of the warm start")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -247,6 +348,7 @@ def main() -> None:
     # frozen: never trained. benchmarks/s3_signal.py measures a candidate's ceiling (gold passages) - naive RAG gap
     generator_model = Path(args.generator) if args.generator else ensure_default_model()
     held: dict[str, Any] = {}
+    warm: dict[str, Any] | None = None
 
     def generator() -> Any:
         """The frozen generator, loaded on first use (a fully cached rerun never loads it)."""
@@ -289,20 +391,41 @@ def main() -> None:
                 lambda examples=examples: gold_accuracy(generator(), examples, world, agent),
             )
         measure("base", searcher)
+        start = searcher  # PPO's initial searcher: the base model, or the warm start's
+        if "warmup" in s:
+            w = s["warmup"]
+            warm_key = {
+                "world": str(world),
+                "searcher": str(searcher),
+                "warmup": w,
+                "agent": agent_key,
+                "seed": args.seed,
+            }
+            warm_dir = exp.stage_dir("warmup", warm_key)
+            # one stage and directory per warm-start setting, side by side like the PPO settings
+            warm = exp.stage(
+                warm_dir.name,
+                warm_key,
+                lambda: warm_start(searcher, world, index, agent, w, warm_dir, args.seed),
+            )
+            start = Path(warm["model"])
+            measure("warm start", start)
         ppo_key = {
             "world": str(world),
-            "searcher": str(searcher),
+            "searcher": str(start),
             "generator": str(generator_model),
             "ppo": s["ppo"],
             "agent": agent_key,
             "seed": args.seed,
         }
+        if warm is not None:  # PPO keeps to the train questions before the warm start's
+            ppo_key["train_limit"] = s["warmup"]["after"]
 
         def train() -> dict[str, Any]:
             out = exp.stage_dir("ppo", ppo_key)
             p = s["ppo"]
             config = S3RLConfig(
-                model=str(searcher),
+                model=str(start),
                 output_dir=str(out),
                 data_dir=str(world),
                 index=index,
@@ -315,6 +438,7 @@ def main() -> None:
                 save_steps=p["save_steps"],
                 seed=args.seed,
                 agent=agent,
+                train_limit=ppo_key.get("train_limit"),
             )
             summary = train_s3(config, generator=generator())
             log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -327,12 +451,18 @@ def main() -> None:
         if "llm" in held:
             close_llm(held["llm"])
 
-    views = {split: contexts(e["base"], e.get("ppo"), ceilings[split]) for split, e in evaluations.items()}
-    pairs = [
+    views = {
+        split: contexts(e["base"], e.get("ppo"), ceilings[split], e.get("warm start"))
+        for split, e in evaluations.items()
+    }
+    pairs = [  # the warm start's pairs are left out without one (exp.differences skips an absent stage)
         ("gold passages", "naive RAG"),
         ("s3 before", "naive RAG"),
+        ("s3 warm start", "naive RAG"),
         ("s3 after", "naive RAG"),
+        ("s3 warm start", "s3 before"),
         ("s3 after", "s3 before"),
+        ("s3 after", "s3 warm start"),  # what PPO added to the warm start
     ]
     differences = {split: exp.differences(v, pairs, ["genacc"]) for split, v in views.items()}
     trial_settings = {**s, "generator": str(generator_model), "agent": agent_key, "engine": args.engine}
@@ -343,9 +473,10 @@ def main() -> None:
         "s3 searcher's documents": [("before", test["s3 before"]["ci"]["genacc"])],
         "naive RAG top-3": [("before", test["naive RAG"]["ci"]["genacc"])],
     }
-    if "s3 after" in test:
-        curve["s3 searcher's documents"].append(("after PPO", test["s3 after"]["ci"]["genacc"]))
-        curve["naive RAG top-3"].append(("after PPO", test["naive RAG"]["ci"]["genacc"]))
+    for stage, point in (("s3 warm start", "after warm start"), ("s3 after", "after PPO")):
+        if stage in test:
+            curve["s3 searcher's documents"].append((point, test[stage]["ci"]["genacc"]))
+            curve["naive RAG top-3"].append((point, test["naive RAG"]["ci"]["genacc"]))
     plot(curve, exp.results / "curve.png", "test GenAcc (%)", "s3 PPO on the synthetic world (95% bootstrap CI)")
     curves = Path(ppo["dir"]) / "curves.png"
     if curves.exists():
@@ -355,10 +486,14 @@ def main() -> None:
     step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
     rewarded = sum(1 for r in log if r.get("reward", 0.0) > 0)
     steps = step_rewards(Path(ppo["dir"]))
-    models = {"gold passages": "–", "naive RAG": "–", "s3 before": short(searcher), "s3 after": short(ppo["model"])}
+    models = {"gold passages": "–", "naive RAG": "–", "s3 before": short(searcher)}
+    if warm is not None:
+        models["s3 warm start"] = short(warm["model"])
+    models["s3 after"] = short(ppo["model"])
     shape = ", ".join(
         f"{name} {mean(e['searches']):.2f} searches, {mean(e['selected']):.2f} documents selected"
-        for name, e in (("before", evaluations["test"]["base"]), ("after", evaluations["test"]["ppo"]))
+        for name, stage in (("before", "base"), ("after warm start", "warm start"), ("after", "ppo"))
+        if (e := evaluations["test"].get(stage)) is not None
     )
     lines = exp.header(
         f"Learning benchmark: s3 PPO on the synthetic world (frozen generator {short(generator_model)})",
@@ -377,11 +512,15 @@ def main() -> None:
         return f"right where naive RAG is wrong on {wins}, wrong where it is right on {losses}"
 
     swaps = "; ".join(
-        f"{k}: {swapped(test[k]['per_example']['genacc'])}" for k in ("s3 before", "s3 after") if k in test
+        f"{k}: {swapped(test[k]['per_example']['genacc'])}"
+        for k in ("s3 before", "s3 warm start", "s3 after")
+        if k in test
     )
     lines += ["## Test (held out)", "", *stage_table(test, ["genacc"], models), ""]
     lines += [f"Per question: {shape}. The searcher's documents vs naive RAG's, {swaps}.", ""]
     lines += [*difference_table(differences["test"], ["genacc"]), ""]
+    if warm is not None:
+        lines += ["## Searcher warm start", "", warm_summary(warm, s["warmup"]), ""]
     lines += [
         "## PPO steps",
         "",
@@ -403,6 +542,7 @@ def main() -> None:
             "evaluations": evaluations,
             "accuracy": {split: {k: v["ci"]["genacc"] for k, v in view.items()} for split, view in views.items()},
             "differences": differences,
+            **({"warmup": warm} if warm is not None else {}),
             "training": ppo,
             "steps": steps,
             "trials": trials,

@@ -22,6 +22,11 @@ per step in 4 mini-batches; ``critic: shared_head`` is the memory-saving deviati
 (``algorithm: grpo``, ``group_size`` rollouts per question, group-normalised GBR). The loop, its log, checkpoints
 and resume: :mod:`sleuth.train.online_rl`.
 
+**Searcher warm start** (a deviation from the paper, which starts RL from the base searcher; off unless a caller
+asks for it): :func:`searcher_warmup_records` turns questions with a gold decomposition (the synthetic world, MuSiQue,
+2Wiki evidences) into gold searcher trajectories replayed through the real ``s3`` agent, to fine-tune the searcher on
+before RL with :func:`~sleuth.train.exsearch_em.train_weighted` (observations masked). See its docstring.
+
 >>> summary = train_s3(load_config(S3RLConfig, "configs/s3_ppo.yaml"))  # doctest: +SKIP
 """
 
@@ -30,22 +35,38 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Sequence
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from sleuth.agents import Context
 from sleuth.agents.base import escape_observation, parse_options
-from sleuth.agents.s3 import S3Config
-from sleuth.llm import LLM
-from sleuth.records import Example, Trace
+from sleuth.agents.s3 import S3Config, task_question
+from sleuth.llm import LLM, Generation, Request, Sampling
+from sleuth.records import Example, Passage, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
 from sleuth.train.tokens import observation_segments
 
-__all__ = ["S3RLConfig", "S3Task", "main", "prepare_s3_data", "train_s3", "trajectory_messages"]
+__all__ = [
+    "GoldSearch",
+    "S3RLConfig",
+    "S3Task",
+    "gold_reply",
+    "gold_searches",
+    "main",
+    "prepare_s3_data",
+    "searcher_warmup_records",
+    "train_s3",
+    "trajectory_messages",
+    "warm_start_searcher",
+]
+
+Record = dict[str, Any]
 
 
 @dataclass
@@ -224,6 +245,311 @@ def train_s3(config: S3RLConfig, generator: LLM | None = None, retriever: Retrie
     result = train_online(config, S3Task(config, retriever, generator, cache, judge), kept, log_name="s3")
     result["data"] = summary
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Searcher warm start: gold trajectories replayed through the agent (a deviation: the paper starts from the base)
+# ---------------------------------------------------------------------------------------------------------------
+
+WARMUP_SOURCE = "s3-gold"
+# The agent's searcher prompt (s3_searcher.txt) names the question after this line; a trajectory is found by it.
+_PROMPT_QUESTION = re.compile(
+    re.escape("Now, start the loop with the following question and initial searched results:")
+    + r"\s*<question>\n(.*?)\n</question>",
+    re.S,
+)
+# Every gold reply writes this tag exactly once, and retrieved text is inert (it cannot contain it): the number of
+# them after the prompt's question is the number of replies written so far.
+_REPLY_END = "</search_complete>"
+_UNRESOLVED = re.compile(r"#\d+")
+
+
+@dataclass
+class GoldSearch:
+    """One gold searcher trajectory before its replay: the example, the replies in order (the last one stops), the
+    query of each search, and per searched block the doc numbers its ``<important_info>`` selects and the passage
+    ids they are. ``counts``: how the example's retrieval hops were covered (:func:`gold_searches`)."""
+
+    example: Example
+    replies: list[str]
+    queries: list[str]
+    selections: list[list[int]]
+    selected_ids: list[list[str]]
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def gold_reply(selection: list[int] | None, query: str | None) -> str:
+    """One searcher reply in the layout of the searcher prompt's own example (``s3_searcher.txt``): the
+    ``<important_info>`` of the most recent ``<information>`` block (``None``: no tag, so a block is kept whole, as
+    the initial one), ``<search_complete>`` (``True`` exactly when there is no query) and the query as the prompt's
+    JSON (``{"query": ...}`` indented by 4, non-ASCII kept)."""
+    parts = [] if selection is None else [f"<important_info>\n{list(selection)}\n</important_info>"]
+    parts.append(f"<search_complete>\n{query is None}\n</search_complete>")
+    if query is not None:
+        parts.append("<query>\n" + json.dumps({"query": query}, indent=4, ensure_ascii=False) + "\n</query>")
+    return "\n".join(parts)
+
+
+def _retrieval_hops(example: Example) -> tuple[list[tuple[str, list[str]]], str | None]:
+    """The gold hops to search for: per decomposition step that has supporting passages (a comparison step has
+    none: it is reasoning, not search), its sub-question with each ``#k`` replaced by step k's gold answer
+    (whitespace collapsed) and its passage ids; or why there are none (``no_gold_decomposition``,
+    ``incomplete_decomposition``: a step without a question or an answer, ``unresolved_reference``,
+    ``no_supporting_passages``). The decompositions are :func:`sleuth.train.sft.gold_steps`'s."""
+    from sleuth.agents.acesearcher import resolve_references
+    from sleuth.train.sft import gold_steps
+
+    steps = gold_steps(example)
+    if not steps:
+        return [], "no_gold_decomposition"
+    if any(not s["question"] or not s["answer"] for s in steps):
+        return [], "incomplete_decomposition"
+    answers: dict[int, str] = {}
+    hops: list[tuple[str, list[str]]] = []
+    for k, step in enumerate(steps, 1):
+        query = " ".join(resolve_references(step["question"], answers).split())
+        answers[k] = step["answer"]
+        if step["supporting_ids"]:
+            if _UNRESOLVED.search(query):
+                return [], "unresolved_reference"
+            hops.append((query, list(step["supporting_ids"])))
+    return hops, (None if hops else "no_supporting_passages")
+
+
+def gold_searches(
+    examples: Iterable[Example], retriever: Retriever, config: S3Config
+) -> tuple[list[GoldSearch], Counter[str]]:
+    """Plan each example's gold searcher trajectory with the real retriever (one batched search per round), and
+    count the examples that have none by reason.
+
+    The searcher starts from the naive-RAG documents (top ``k_initial`` for the question, in the prompt). Each round
+    queries the first hop not searched yet whose gold passages have not all been shown (in the initial documents or
+    an earlier observation), with its resolved gold sub-question; its observation is the top ``k`` for that query.
+    At most ``max_turns`` queries: hops left uncovered then are counted (``hops_beyond_max_turns``). The initial
+    block gets no ``<important_info>`` (kept whole, as the prompt's example and the code's searchers do); every
+    searched block selects the numbers of the example's gold passages it shows (possibly none: ``[]`` keeps none of
+    it), ascending, at most ``max_selected``; the last reply says ``<search_complete>True``.
+
+    Counts per example: ``hops``, ``hops_in_initial``, ``hops_queried``, ``gold_retrieved`` (queried hops whose gold
+    passages their own query found; the next query still names the gold answer when it did not) and
+    ``hops_beyond_max_turns``; hops in none of these were shown by another hop's query."""
+    skipped: Counter[str] = Counter()
+    plans: list[tuple[Example, list[tuple[str, list[str]]]]] = []
+    for example in examples:
+        hops, reason = _retrieval_hops(example)
+        if reason:
+            skipped[reason] += 1
+        else:
+            plans.append((example, hops))
+    if not plans:
+        return [], skipped
+    initial = retriever.search([e.question.strip() for e, _ in plans], config.k_initial)  # the agent's q0
+    shown = [{p.id for p in docs} for docs in initial]
+    blocks: list[list[list[Passage]]] = [[] for _ in plans]
+    queries: list[list[str]] = [[] for _ in plans]
+    counts = [Counter({"hops": len(hops)}) for _, hops in plans]
+    for i, (_, hops) in enumerate(plans):
+        counts[i]["hops_in_initial"] = sum(set(ids) <= shown[i] for _, ids in hops)
+    position = [0] * len(plans)  # per example, the next hop that may be queried
+
+    def next_hop(i: int) -> tuple[str, list[str]] | None:
+        hops = plans[i][1]
+        while position[i] < len(hops) and set(hops[position[i]][1]) <= shown[i]:
+            position[i] += 1
+        return hops[position[i]] if position[i] < len(hops) else None
+
+    for _ in range(config.max_turns):
+        asking = [(i, hop) for i in range(len(plans)) if (hop := next_hop(i)) is not None]
+        if not asking:
+            break
+        found = retriever.search([query for _, (query, _) in asking], config.k)
+        for (i, (query, ids)), docs in zip(asking, found, strict=True):
+            position[i] += 1
+            blocks[i].append(list(docs))
+            queries[i].append(query)
+            counts[i]["hops_queried"] += 1
+            counts[i]["gold_retrieved"] += set(ids) <= {p.id for p in docs}
+            shown[i].update(p.id for p in docs)
+    searches = []
+    for i, (example, hops) in enumerate(plans):
+        counts[i]["hops_beyond_max_turns"] = sum(not set(ids) <= shown[i] for _, ids in hops[position[i] :])
+        gold = set(example.supporting_ids).union(*(ids for _, ids in hops))
+        selections = []
+        for docs in blocks[i]:
+            numbers = [n for n, p in enumerate(docs, 1) if p.id in gold]
+            selections.append(numbers[: config.max_selected] if config.max_selected else numbers)
+        replies = [gold_reply(None, queries[i][0] if queries[i] else None)]
+        for j, selection in enumerate(selections):
+            replies.append(gold_reply(selection, queries[i][j + 1] if j + 1 < len(queries[i]) else None))
+        searches.append(
+            GoldSearch(
+                example=example,
+                replies=replies,
+                queries=queries[i],
+                selections=selections,
+                selected_ids=[[docs[n - 1].id for n in sel] for docs, sel in zip(blocks[i], selections, strict=True)],
+                counts=counts[i],
+            )
+        )
+    return searches, skipped
+
+
+class _GoldReplies(LLM):
+    """Writes the planned reply of the searcher prompt it is asked to continue: the question the prompt names picks
+    the trajectory, the number of replies already written its turn (stateless, so it works in both of
+    :func:`~sleuth.agents.s3.searcher_request`'s modes). Any other request (the generator's) gets an empty reply.
+    ``tokenizer``: the searcher's, so that the agent caps observations (``max_obs_tokens``) and continues the
+    chat-template prompt exactly as it does at inference."""
+
+    def __init__(self, replies: dict[str, list[str]], tokenizer: Any = None) -> None:
+        super().__init__()
+        self.spec = "gold-replay"
+        self.replies = replies
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
+
+    def reply(self, request: Request) -> str:
+        if request.prompt is not None:
+            text = request.prompt
+        else:
+            text = "".join(str(m.get("content") or "") for m in request.messages or [])
+        match = _PROMPT_QUESTION.search(text)
+        replies = self.replies.get(match.group(1)) if match else None
+        if replies is None:
+            return ""
+        turn = text.count(_REPLY_END, match.end())
+        return replies[turn] if turn < len(replies) else ""
+
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        n = sampling.n
+        return [
+            Generation(texts=[self.reply(r)] * n, completion_tokens=[0] * n, finish_reasons=["stop"] * n)
+            for r in requests
+        ]
+
+    async def score(self, prompt: Any, completion: str) -> Any:  # pragma: no cover - never asked
+        raise NotImplementedError
+
+
+def _replay_problem(search: GoldSearch, trace: Trace) -> str | None:
+    """Why a replayed trace is not the planned trajectory (None: it is, reply for reply)."""
+    if trace.error:
+        return "replay_error"
+    if (trace.meta.get("observation_cap") or {}).get("truncated"):
+        return "observation_capped"  # the searcher would see fewer documents than planned
+    written = [s["text"] for s in trace.meta.get("transcript") or [] if s["source"] == "model"]
+    searched = (trace.meta.get("rounds") or [])[1:]
+    if (
+        written != search.replies
+        or [r["query"] for r in searched] != search.queries
+        or [r["important_info"] for r in searched] != search.selections
+        or [r["selected_ids"] for r in searched] != search.selected_ids
+        or not trace.meta.get("search_complete")
+        or any(s.fallback for s in trace.steps if s.kind == "searcher")
+    ):
+        return "replay_mismatch"
+    return None
+
+
+def searcher_warmup_records(
+    examples: Iterable[Example], retriever: Retriever, config: S3Config, tokenizer: Any = None
+) -> tuple[list[Record], dict[str, Any]]:
+    """Gold s3 searcher trajectories as SFT records, and a summary (questions, records, skipped by reason, hop
+    counts, searches per record).
+
+    Each example with a gold decomposition is planned by :func:`gold_searches` (the gold sub-questions as queries,
+    the gold passages shown as selections), then replayed through the real ``s3`` agent, as the ExSearch warm-up
+    replays its trajectories (:func:`sleuth.train.exsearch_em.replay_trajectories`): a replay LLM writes the
+    planned replies, the real retriever answers, so the prompt, the ``<information>`` observations and the
+    trajectory are byte for byte what the agent builds at inference (``tokenizer``: the searcher's, for the
+    observation cap and the chat-template continuation; without it observations are not capped). A replay that
+    differs from its plan (another parse, other documents, a capped observation) is skipped and counted, as is an
+    example without a usable decomposition or a second example with the same question; nothing raises.
+
+    A record is ``{id, question_id, messages, weight: 1.0, source: "s3-gold", queries, selected_ids}`` with
+    ``messages`` = :func:`trajectory_messages` of the replayed trace: the searcher prompt (its initial documents
+    marked as observations) and ONE assistant message of ``model`` and ``observation`` segments, the format of
+    :func:`~sleuth.train.exsearch_em.train_weighted`, whose :func:`~sleuth.train.tokens.tokenize_chat` labels the
+    model segments (and the end-of-turn token after the last one) only: prompts and observations carry no loss."""
+    from sleuth.runner import run
+
+    examples = list(examples)
+    searches, skipped = gold_searches(examples, retriever, config)
+    replies: dict[str, list[str]] = {}
+    unique = []
+    for search in searches:
+        question = task_question(search.example, config)  # as the searcher prompt names it
+        if question in replies:
+            skipped["duplicate_question"] += 1
+            continue
+        replies[question] = search.replies
+        unique.append(search)
+    records: list[Record] = []
+    counts: Counter[str] = Counter()
+    searches_per_record: Counter[int] = Counter()
+    if unique:
+        roles = {"generator": _GoldReplies({})}  # the agent ends with a generator call: answered empty, unused
+        ctx = Context(llm=_GoldReplies(replies, tokenizer), retriever=retriever, config=config, roles=roles)
+        traces = run("s3", [s.example for s in unique], ctx, concurrency=256, progress=False)
+        for search, trace in zip(unique, traces, strict=True):
+            problem = _replay_problem(search, trace)
+            messages = trajectory_messages(trace) if problem is None else None
+            if messages is None:
+                skipped[problem or "no_model_text"] += 1
+                continue
+            counts.update(search.counts)
+            searches_per_record[len(search.queries)] += 1
+            records.append(
+                {
+                    "id": search.example.id,
+                    "question_id": search.example.id,
+                    "messages": messages,
+                    "weight": 1.0,
+                    "source": WARMUP_SOURCE,
+                    "queries": search.queries,
+                    "selected_ids": search.selected_ids,
+                }
+            )
+    summary = {
+        "questions": len(examples),
+        "records": len(records),
+        "skipped": dict(sorted(skipped.items())),
+        "hops": {key: counts[key] for key in ("hops", "hops_in_initial", "hops_queried", "gold_retrieved")}
+        | {"hops_beyond_max_turns": counts["hops_beyond_max_turns"]},
+        "searches_per_record": {str(n): searches_per_record[n] for n in sorted(searches_per_record)},
+    }
+    return records, summary
+
+
+def warm_start_searcher(
+    records: Sequence[Record],
+    model: str | Path,
+    out: str | Path,
+    learning_rate: float,
+    epochs: float = 2.0,
+    batch_size: int = 8,
+    per_device_batch_size: int = 2,
+    seed: int = 0,
+    max_length: int | None = 8192,
+) -> dict[str, Any]:
+    """Fine-tune the searcher ``model`` on warm-start records (:func:`searcher_warmup_records`) into
+    ``out/model`` with :func:`~sleuth.train.exsearch_em.train_weighted` (weights 1: plain SFT on the searcher's own
+    tokens, the mean NLL per trajectory, cosine schedule with 10% warm-up; checkpoints in ``out/trainer`` resume a
+    killed run, a finished one is not redone). Returns its training stats."""
+    from sleuth.train.exsearch_em import EMConfig, train_weighted
+
+    config = EMConfig(
+        model=str(model),
+        output_dir=str(out),
+        learning_rate=learning_rate,
+        epochs=epochs,
+        batch_size=batch_size,
+        per_device_batch_size=per_device_batch_size,
+        weighting="uniform",
+        max_length=max_length,
+        seed=seed,
+    )
+    return train_weighted(records, model, out, config, learning_rate, epochs)
 
 
 def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[str] | None = None) -> dict[str, Any]:
