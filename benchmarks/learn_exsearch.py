@@ -11,7 +11,8 @@ SmolLM2-135M-Instruct on CPU then goes through ExSearch's recipe and the same qu
 3. ``em-t``: after EM iteration t with the paper's weights w(z) = p(gold | x, z) (Algorithm 1);
 4. ``uniform-t``: the same iterations with every weight 1 (naive self-training, the paper's ablation). Iteration 0
    of both arms trains on the *same* sampled trajectories (the E-step rollouts are shared), so the two differ only
-   in the weighting. The paper's direction is EM > uniform.
+   in the weighting. The paper's direction is EM > uniform. ``--arms em`` leaves the ablation out (each later
+   iteration of it samples its own E-step, the costliest part on a CPU).
 
 Every stage is evaluated on two splits of the world, whose entities are disjoint from training and from each other:
 ``dev`` (the first ``--dev-questions`` of the world's dev split), on which settings are compared and every setting
@@ -125,7 +126,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         },
         "em": {
             "questions": args.em_questions,
-            "samples": 2,
+            "samples": args.samples,
             "iterations": args.iterations,
             "lr": lr(args.em_lr, 3e-5),
             "epochs": 1,
@@ -238,7 +239,14 @@ def main() -> None:
     parser.add_argument("--warmup-questions", type=int, default=40, help="gold synthetic warm-up trajectories")
     parser.add_argument("--fireact", type=int, default=20, help="FireAct warm-up trajectories (0: none)")
     parser.add_argument("--em-questions", type=int, default=24, help="training questions per E-step")
+    parser.add_argument("--samples", type=int, default=2, help="trajectories sampled per E-step question (K)")
     parser.add_argument("--iterations", type=int, default=1)
+    parser.add_argument(
+        "--arms",
+        type=lambda text: [a.strip() for a in text.split(",") if a.strip()],
+        default=["em", "uniform"],
+        help="comma-separated: em (the paper's weights), uniform (the ablation); default both",
+    )
     parser.add_argument(
         "--warmup-lr", type=float, default=None, help="default 1e-4, 1e-3 with --smoke (paper: 2e-6 for 3B-24B)"
     )
@@ -250,6 +258,8 @@ def main() -> None:
         help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
     )
     args = parser.parse_args()
+    if not args.arms or not set(args.arms) <= {"em", "uniform"}:
+        parser.error(f"--arms takes em and/or uniform, not {args.arms}")
     from sleuth.train.mdpo import auto_engine
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
@@ -321,6 +331,8 @@ def main() -> None:
     # EM with the paper's weights, then the uniform ablation on the same iteration-0 rollouts
     arms: dict[str, dict[str, Any]] = {}
     for arm, weighting in (("em", "likelihood"), ("uniform", "uniform")):
+        if arm not in args.arms:
+            continue
         arm_key = {
             "model": warm["model"],
             "em": s["em"],
@@ -361,10 +373,10 @@ def main() -> None:
             measure(f"{arm}-{it['iteration']}", Path(it["model"]))
 
     pairs = [("warm-up", "base")]
-    for i in range(s["em"]["iterations"]):
+    for i in range(s["em"]["iterations"]):  # a pair with an arm not run is skipped (exp.differences)
         pairs += [(f"em-{i}", "warm-up"), (f"uniform-{i}", "warm-up"), (f"em-{i}", f"uniform-{i}")]
     differences = {split: exp.differences(evaluations[split], pairs, METRICS) for split in evaluations}
-    trial_settings = {**s, "agent": agent_key, "engine": args.engine}
+    trial_settings = {**s, "agent": agent_key, "engine": args.engine, "arms": sorted(args.arms)}
     trials = exp.record_trial(trial_settings, evaluations["dev"], "em")
 
     test = evaluations["test"]
