@@ -144,13 +144,38 @@ def test_score_chunks_rows_to_bound_logits_memory(llm: HFLLM, monkeypatch: pytes
             ("Who wrote Hamlet?", " Shakespeare"),
         ]
     ]
-    whole = llm._score_rows(rows)
+    whole = llm._score_separately(rows)
     calls = llm.stats.calls
     monkeypatch.setattr(hf, "SCORE_LOGITS_BYTES", 1)
-    chunked = llm._score_rows(rows)
+    chunked = llm._score_separately(rows)
     assert llm.stats.calls - calls == len(rows)
     assert [s.logprob for s in chunked] == pytest.approx([s.logprob for s in whole], abs=1e-4)
     assert [len(s.token_logprobs) for s in chunked] == [len(c) for _, c in rows]
+
+
+def test_completions_of_one_prompt_share_its_pass_and_score_as_alone(
+    llm: HFLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Best-of-n candidates share their prompt: one pass over it and its cache, the same values as each row whole
+    (a one-token completion, a long one, a repeated one, a row of another prompt, and chunked continuations)."""
+    import sleuth.llm.hf as hf
+
+    prompt = llm.encode_prompt([{"role": "user", "content": "Who wrote Hamlet, and when?"}])
+    texts = [" Shakespeare", " William Shakespeare wrote it around 1600.", " Shakespeare", " Marlowe, in 1590"]
+    rows = [(prompt, llm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    rows.insert(2, (prompt, rows[1][1][:1]))  # one token: scored from the prompt pass alone
+    rows.append((llm.encode_prompt("a"), llm.tokenizer(" b", add_special_tokens=False)["input_ids"]))
+    alone = [llm._score_separately([row])[0] for row in rows]
+    calls = llm.stats.calls
+    shared = llm._score_rows(rows)
+    assert llm.stats.calls - calls == 3  # the prompt, its continuations, the other prompt's row
+    for got, want, (_, completion) in zip(shared, alone, rows, strict=True):
+        assert got.token_logprobs == pytest.approx(want.token_logprobs, abs=1e-4)
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-3)
+        assert got.tokens == llm.tokenizer.convert_ids_to_tokens(completion)
+    monkeypatch.setattr(hf, "SCORE_LOGITS_BYTES", 1)  # every continuation in its own pass
+    chunked = llm._score_rows(rows)
+    assert [s.logprob for s in chunked] == pytest.approx([s.logprob for s in alone], abs=1e-3)
 
 
 def test_chat_score_uses_generation_prompt(llm: HFLLM) -> None:
