@@ -1,7 +1,8 @@
 """Local transformers backend: ``hf:PATH_OR_NAME?device=cpu&dtype=float32&max_batch=32&threads=2``.
 
 Concurrent ``generate`` calls (from many agents driven by the runner) are micro-batched into one left-padded
-``model.generate`` call per group of equal sampling settings; ``score`` calls are batched into one forward pass.
+``model.generate`` call per group of equal sampling settings; ``score`` calls are batched into one forward pass, and
+the completions of one prompt (best-of-n candidates) share one pass over that prompt.
 Stop strings are honoured per row: a row stops as soon as its own text contains one, and the returned text is cut
 before it (OpenAI semantics). Greedy decoding gives the same text batched or alone (tested).
 
