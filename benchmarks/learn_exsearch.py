@@ -193,21 +193,23 @@ def evaluate(
 
 
 def effective_sample_size(weighted: Path) -> float | None:
-    """Mean over E-step questions of (sum w)^2 / sum w^2 of their trajectories' weights (1 = one trajectory carries
-    the question, ``samples`` = all equal); a question whose weights are all 0 counts as 0 (it trains nothing)."""
-    groups: dict[str, list[float]] = {}
-    for line in weighted.read_text().splitlines():
-        record = json.loads(line)
-        groups.setdefault(str(record["question_id"]), []).append(float(record["weight"]))
-    values = [sum(w) ** 2 / sum(x * x for x in w) if any(w) else 0.0 for w in groups.values()]
-    return sum(values) / len(values) if values else None
+    """Kish's effective sample size (sum w)^2 / sum w^2 over all trajectories of one M-step: the number of equally
+    weighted trajectories whose loss would carry the same information. The M-step sums w * NLL over trajectories with
+    the raw weights (not normalised per question), so this is the number it effectively trains on: 96 uniform
+    weights give 96, eight weights near 1 among 88 near 0 give ~8 (a per-question mean would count four weights of
+    1e-12 as four equal trajectories). 0 when every weight is 0."""
+    weights = [float(json.loads(line)["weight"]) for line in weighted.read_text().splitlines() if line.strip()]
+    if not weights:
+        return None
+    squares = sum(w * w for w in weights)
+    return sum(weights) ** 2 / squares if squares > 0 else 0.0
 
 
 def weight_table(arms: dict[str, dict[str, Any]]) -> list[str]:
     """The E-step trajectories of each EM iteration: weights (as the M-step saw them), ESS, searches, M-step loss."""
     lines = [
         "E-step trajectories per iteration (training questions, sampled at T=0.8; weights before training; ESS = "
-        "effective sample size per question, mean):",
+        "Kish's effective sample size over the iteration's trajectories, the number the M-step in effect trains on):",
         "",
         "| arm | iteration | trajectories | sampled EM | mean w | median w | w > 0.5 | ESS | searches | M-step loss "
         "first -> last |",
@@ -369,6 +371,10 @@ def main() -> None:
 
         # one stage and directory per EM setting: settings tried on dev sit side by side on the same warm-up
         arms[arm] = exp.stage(exp.stage_dir(arm, arm_key).name, arm_key, run_arm)
+        for it in arms[arm]["iterations"]:  # recomputed: a stage cached before the ESS definition changed
+            weighted = Path(arms[arm]["dir"]) / f"iter{it['iteration']}" / "weighted.jsonl"
+            if weighted.exists():
+                it["ess"] = effective_sample_size(weighted)
         for it in arms[arm]["iterations"]:
             measure(f"{arm}-{it['iteration']}", Path(it["model"]))
 

@@ -84,3 +84,20 @@ def test_trials_accumulate_and_list_what_varied(tmp_path: Path) -> None:
     table = "\n".join(trials_table(trials))
     assert "| trial | lr | dev sft |" in table and "| k |" not in table
     assert trials[0]["id"] == key_hash({"lr": 1, "k": 3})
+
+
+def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_path: Path) -> None:
+    from learn_exsearch import effective_sample_size
+
+    def ess(weights: list[float]) -> float | None:
+        path = tmp_path / "weighted.jsonl"
+        path.write_text(
+            "".join(json.dumps({"question_id": i // 4, "weight": w}) + "\n" for i, w in enumerate(weights))
+        )
+        return effective_sample_size(path)
+
+    assert ess([1.0] * 96) == pytest.approx(96)
+    # Eight trajectories near 1 and 88 near 0 (whole questions of 1e-12 included): about eight, not about 30.
+    assert ess([0.9] * 8 + [1e-12] * 88) == pytest.approx(8, rel=1e-6)
+    assert ess([0.0] * 8) == 0.0
+    assert ess([]) is None
