@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,31 @@ def _mdpo_seconds(out: Path) -> float:
     return total
 
 
+def reuse_iterations(exp: Experiment, out: Path, key: dict[str, Any]) -> dict[str, str]:
+    """Copy into ``out`` the finished iterations of a sibling mDPO stage that equals ``key`` on every setting but
+    ``iterations`` (a 2-iteration run whose first iteration a 1-iteration run already trained): iteration t of
+    mDPO depends only on the settings and iterations 1..t-1, so the copy is what this run would train. The trainer
+    then finds ``iter{t}/model`` and ``stats.json`` and goes on from there. Returns {iteration: source directory}."""
+    reused: dict[str, str] = {}
+    key = json.loads(json.dumps(key, default=str))  # as the stage records store it
+    for name, theirs in exp.stage_keys("mdpo").items():
+        if name == out.name or {**theirs, "iterations": key["iterations"]} != key:
+            continue
+        for t in range(1, min(theirs["iterations"], key["iterations"]) + 1):
+            source, target = exp.work / name / f"iter{t}", out / f"iter{t}"
+            if target.exists():  # trained here or copied by an earlier (killed) run
+                continue
+            if not ((source / "model").exists() and (source / "stats.json").exists()):
+                break  # a later iteration needs this one
+            print(f"[{exp.name}] iteration {t}: copied from {source} (same settings but the iteration count)")
+            partial = target.with_name(target.name + ".copying")
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(source, partial)
+            partial.rename(target)
+            reused[str(t)] = str(source)
+    return reused
+
+
 def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any, args: argparse.Namespace) -> dict:
     from sleuth.train.mdpo import MDPOConfig, train_mdpo
 
@@ -276,6 +302,12 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
             "tied groups give no pair. The implicit-reward margin is DPO's beta-scaled log-ratio gap "
             "chosen - rejected (TRL's `rewards/margins`): about 0 means DPO did not move the model.",
         ]
+        for t, source in sorted((results["mdpo"].get("iterations_reused_from") or {}).items()):
+            lines += [
+                "",
+                f"Iteration {t} was trained by the run with the same settings but fewer iterations and "
+                f"copied: `{short(source)}`.",
+            ]
     lines += ["", exp.seconds_line(), "", *settings_block(results["settings"])]
     return "\n".join(lines)
 
@@ -430,7 +462,12 @@ def main() -> None:
         ),
         "",
     )
-    summary = exp.stage(mdpo_dir.name, mdpo_key, lambda: run_mdpo(sft, world, mdpo_dir, s, agent, args))
+
+    def train() -> dict[str, Any]:
+        reused = reuse_iterations(exp, mdpo_dir, mdpo_key)
+        return {**run_mdpo(sft, world, mdpo_dir, s, agent, args), "iterations_reused_from": reused}
+
+    summary = exp.stage(mdpo_dir.name, mdpo_key, train)
     for it in summary["iterations"]:  # what the table needs to explain a flat curve: ties and how far DPO moved
         stats_file = mdpo_dir / f"iter{it['iteration']}" / "stats.json"
         if stats_file.exists():

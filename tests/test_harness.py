@@ -101,3 +101,24 @@ def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_pa
     assert ess([0.9] * 8 + [1e-12] * 88) == pytest.approx(8, rel=1e-6)
     assert ess([0.0] * 8) == 0.0
     assert ess([]) is None
+
+
+def test_acesearcher_mdpo_with_more_iterations_copies_the_finished_ones(tmp_path: Path) -> None:
+    from learn_acesearcher import reuse_iterations
+
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+    one = {"dpo_lr": 2e-5, "nll_weight": 0.2, "iterations": 1}
+
+    def trained_one() -> dict:
+        (exp.stage_dir("mdpo", one) / "iter1" / "model").mkdir(parents=True)
+        (exp.stage_dir("mdpo", one) / "iter1" / "stats.json").write_text("{}")
+        return {}
+
+    exp.stage(exp.stage_dir("mdpo", one).name, one, trained_one)
+    two = {**one, "iterations": 2}
+    out = exp.stage_dir("mdpo", two)
+    assert reuse_iterations(exp, out, two) == {"1": str(exp.stage_dir("mdpo", one) / "iter1")}
+    assert (out / "iter1" / "model").is_dir() and not (out / "iter2").exists()
+    assert reuse_iterations(exp, out, two) == {}  # already there: nothing copied twice
+    other = {**two, "nll_weight": 0.0}  # another setting never borrows an iteration
+    assert reuse_iterations(exp, exp.stage_dir("mdpo", other), other) == {}
