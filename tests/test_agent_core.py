@@ -148,3 +148,23 @@ def test_no_special_token_id_comes_from_a_passage(method: str, tiny_model_dir: A
         n = len(step.messages)
         assert sorted(found) == sorted(["<|im_start|>"] * (n + 1) + ["<|im_end|>"] * n), (step.kind, found)
         assert any("pwned" in m["content"] for m in step.messages) or step.kind == "decompose"
+
+
+def test_replay_llm_writes_the_planned_turn_and_refuses_to_score() -> None:
+    from sleuth.llm import LLMError, ReplayLLM, Request
+
+    def planned(request: Request) -> str:
+        turns = ["first", "second"]
+        done = sum(m["role"] == "assistant" for m in request.messages or [])
+        return turns[done] if done < len(turns) else ""
+
+    llm = ReplayLLM(planned, "gold")
+    asked = [
+        Request(messages=[{"role": "user", "content": "q"}]),
+        Request(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "first"}]),
+    ]
+    out = asyncio.run(llm.generate(asked, Sampling(n=2)))
+    assert [g.texts for g in out] == [["first", "first"], ["second", "second"]]
+    assert llm.describe()["spec"] == "gold"
+    with pytest.raises(LLMError, match="cannot score"):
+        asyncio.run(llm.score("q", "first"))

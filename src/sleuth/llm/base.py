@@ -163,6 +163,30 @@ class LLM(abc.ABC):
         return {"spec": self.spec, "backend": type(self).__name__}
 
 
+class ReplayLLM(LLM):
+    """An LLM that writes planned text: ``reply(request)`` for each request, the same for all ``n`` samples. The
+    warm starts use it to run a real agent through gold trajectories, so that prompts, observations and parsing are
+    exactly the inference ones; ``reply`` finds the trajectory and the turn from the request. ``tokenizer``: the
+    trained model's, for agents that count or template tokens. Scoring is not available."""
+
+    def __init__(self, reply: Callable[[Request], str], spec: str = "replay", tokenizer: Any = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.reply = reply
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
+
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        n = sampling.n
+        return [
+            Generation(texts=[self.reply(r)] * n, completion_tokens=[0] * n, finish_reasons=["stop"] * n)
+            for r in requests
+        ]
+
+    async def score(self, prompt: Messages | str, completion: str) -> Score:
+        raise LLMError(f"{self.spec} replays planned text and cannot score")
+
+
 _BACKENDS: dict[str, Callable[[str, dict[str, str]], LLM]] = {}
 
 

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -78,7 +79,7 @@ from sleuth.agents import Context
 from sleuth.agents.base import load_prompt, parse_options
 from sleuth.agents.exsearch import TAG_SETS, ExSearchConfig, transcript_messages
 from sleuth.eval.metrics import exact_match, f1_score
-from sleuth.llm import LLM, Generation, Request, Sampling
+from sleuth.llm import LLM, Generation, ReplayLLM, Request, Sampling
 from sleuth.records import Example, Passage, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.config import ConfigError, load_config, to_mapping
@@ -212,27 +213,13 @@ def _query_key(query: str) -> str:
     return " ".join(query.split())
 
 
-class _ReplayLLM(LLM):
-    """Writes the scripted turn for the conversation it is asked to continue (keyed by its first user message; the
-    turn index is the number of assistant messages so far)."""
-
-    def __init__(self, scripts: dict[str, list[str]]) -> None:
-        super().__init__()
-        self.spec = "replay"
-        self.scripts = scripts
-
-    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
-        out = []
-        for request in requests:
-            messages = request.messages or []
-            turns = self.scripts[messages[0]["content"]]
-            i = sum(m["role"] == "assistant" for m in messages)
-            text = turns[i] if i < len(turns) else ""
-            out.append(Generation(texts=[text] * sampling.n, completion_tokens=[0] * sampling.n))
-        return out
-
-    async def score(self, prompt: Any, completion: str) -> Any:  # pragma: no cover - never asked
-        raise NotImplementedError
+def _scripted_turn(scripts: dict[str, list[str]], request: Request) -> str:
+    """The scripted turn of the conversation ``request`` continues (keyed by its first user message; the turn index
+    is the number of assistant messages so far)."""
+    messages = request.messages or []
+    turns = scripts[messages[0]["content"]]
+    i = sum(m["role"] == "assistant" for m in messages)
+    return turns[i] if i < len(turns) else ""
 
 
 class _ReplayRetriever(Retriever):
@@ -262,7 +249,11 @@ def replay_trajectories(scripts: Sequence[Script], agent: ExSearchConfig) -> tup
         documents.update({_query_key(q): docs for q, docs in script.documents.items()})
     steps = max(len(s.turns) - 1 for s in scripts)  # no step cap inside a scripted trajectory
     config = dataclasses.replace(agent, max_steps=max(agent.max_steps, steps), select=False)
-    ctx = Context(llm=_ReplayLLM(by_prompt), retriever=_ReplayRetriever(documents), config=config)
+    ctx = Context(
+        llm=ReplayLLM(functools.partial(_scripted_turn, by_prompt)),
+        retriever=_ReplayRetriever(documents),
+        config=config,
+    )
     traces = run(METHOD, [s.example for s in scripts], ctx, concurrency=256, progress=False)
     records = []
     for script, trace in zip(scripts, traces, strict=True):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import re
 from collections import Counter
@@ -45,7 +46,7 @@ from typing import Any, Literal
 from sleuth.agents import Context
 from sleuth.agents.base import escape_observation, parse_options
 from sleuth.agents.s3 import S3Config, task_question
-from sleuth.llm import LLM, Generation, Request, Sampling
+from sleuth.llm import LLM, ReplayLLM, Request
 from sleuth.records import Example, Passage, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.config import ConfigError, load_config, to_mapping
@@ -394,41 +395,20 @@ def gold_searches(
     return searches, skipped
 
 
-class _GoldReplies(LLM):
-    """Writes the planned reply of the searcher prompt it is asked to continue: the question the prompt names picks
-    the trajectory, the number of replies already written its turn (stateless, so it works in both of
-    :func:`~sleuth.agents.s3.searcher_request`'s modes). Any other request (the generator's) gets an empty reply.
-    ``tokenizer``: the searcher's, so that the agent caps observations (``max_obs_tokens``) and continues the
-    chat-template prompt exactly as it does at inference."""
-
-    def __init__(self, replies: dict[str, list[str]], tokenizer: Any = None) -> None:
-        super().__init__()
-        self.spec = "gold-replay"
-        self.replies = replies
-        if tokenizer is not None:
-            self.tokenizer = tokenizer
-
-    def reply(self, request: Request) -> str:
-        if request.prompt is not None:
-            text = request.prompt
-        else:
-            text = "".join(str(m.get("content") or "") for m in request.messages or [])
-        match = _PROMPT_QUESTION.search(text)
-        replies = self.replies.get(match.group(1)) if match else None
-        if replies is None:
-            return ""
-        turn = text.count(_REPLY_END, match.end())
-        return replies[turn] if turn < len(replies) else ""
-
-    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
-        n = sampling.n
-        return [
-            Generation(texts=[self.reply(r)] * n, completion_tokens=[0] * n, finish_reasons=["stop"] * n)
-            for r in requests
-        ]
-
-    async def score(self, prompt: Any, completion: str) -> Any:  # pragma: no cover - never asked
-        raise NotImplementedError
+def _gold_reply(replies: dict[str, list[str]], request: Request) -> str:
+    """The planned reply of the searcher prompt ``request`` continues: the question the prompt names picks the
+    trajectory, the number of replies already written its turn (stateless, so it works in both of
+    :func:`~sleuth.agents.s3.searcher_request`'s modes). Any other request (the generator's) gets an empty reply."""
+    if request.prompt is not None:
+        text = request.prompt
+    else:
+        text = "".join(str(m.get("content") or "") for m in request.messages or [])
+    match = _PROMPT_QUESTION.search(text)
+    planned = replies.get(match.group(1)) if match else None
+    if planned is None:
+        return ""
+    turn = text.count(_REPLY_END, match.end())
+    return planned[turn] if turn < len(planned) else ""
 
 
 def _replay_problem(search: GoldSearch, trace: Trace) -> str | None:
@@ -488,8 +468,11 @@ def searcher_warmup_records(
     counts: Counter[str] = Counter()
     searches_per_record: Counter[int] = Counter()
     if unique:
-        roles = {"generator": _GoldReplies({})}  # the agent ends with a generator call: answered empty, unused
-        ctx = Context(llm=_GoldReplies(replies, tokenizer), retriever=retriever, config=config, roles=roles)
+        # the agent ends with a generator call: answered empty, unused. The searcher's tokenizer: the agent caps
+        # observations (max_obs_tokens) and continues the chat-template prompt exactly as at inference.
+        roles = {"generator": ReplayLLM(lambda request: "", "gold-replay")}
+        llm = ReplayLLM(functools.partial(_gold_reply, replies), "gold-replay", tokenizer)
+        ctx = Context(llm=llm, retriever=retriever, config=config, roles=roles)
         traces = run("s3", [s.example for s in unique], ctx, concurrency=256, progress=False)
         for search, trace in zip(unique, traces, strict=True):
             problem = _replay_problem(search, trace)
