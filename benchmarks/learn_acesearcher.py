@@ -198,23 +198,37 @@ def _mdpo_seconds(out: Path) -> float:
     return total
 
 
+#: mDPO settings that change nothing before the given iteration (``fresh_questions``: iteration 1 samples the first
+#: block either way)
+FIRST_ITERATION_AFFECTED = {"fresh_questions": 2}
+
+
+def _iteration_key(key: dict[str, Any], t: int) -> dict[str, Any]:
+    """What iterations 1..t of an mDPO stage depend on: its key without the iteration count and without the settings
+    that only act from a later iteration."""
+    return {k: v for k, v in key.items() if k != "iterations" and FIRST_ITERATION_AFFECTED.get(k, 1) <= t}
+
+
 def reuse_iterations(exp: Experiment, out: Path, key: dict[str, Any]) -> dict[str, str]:
-    """Copy into ``out`` the finished iterations of a sibling mDPO stage that equals ``key`` on every setting but
-    ``iterations`` (a 2-iteration run whose first iteration a 1-iteration run already trained): iteration t of
-    mDPO depends only on the settings and iterations 1..t-1, so the copy is what this run would train. The trainer
+    """Copy into ``out`` the finished iterations of a sibling mDPO stage that equals ``key`` on every setting that
+    acts up to them (:func:`_iteration_key`: a 2-iteration run whose first iteration a 1-iteration run already
+    trained, or a ``--fresh-questions`` run whose first iteration is the plain run's): iteration t of mDPO depends
+    only on those settings and iterations 1..t-1, so the copy is what this run would train. The trainer
     then finds ``iter{t}/model`` and ``stats.json`` and goes on from there. Returns {iteration: source directory}."""
     reused: dict[str, str] = {}
     key = json.loads(json.dumps(key, default=str))  # as the stage records store it
     for name, theirs in exp.stage_keys("mdpo").items():
-        if name == out.name or {**theirs, "iterations": key["iterations"]} != key:
+        if name == out.name:
             continue
         for t in range(1, min(theirs["iterations"], key["iterations"]) + 1):
+            if _iteration_key(theirs, t) != _iteration_key(key, t):
+                break
             source, target = exp.work / name / f"iter{t}", out / f"iter{t}"
             if target.exists():  # trained here or copied by an earlier (killed) run
                 continue
             if not ((source / "model").exists() and (source / "stats.json").exists()):
                 break  # a later iteration needs this one
-            print(f"[{exp.name}] iteration {t}: copied from {source} (same settings but the iteration count)")
+            print(f"[{exp.name}] iteration {t}: copied from {source} (the same settings up to this iteration)")
             partial = target.with_name(target.name + ".copying")
             shutil.rmtree(partial, ignore_errors=True)
             shutil.copytree(source, partial)
@@ -241,6 +255,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         iterations=s["iterations"],
         learning_rate=s["dpo_lr"],
         nll_weight=s.get("nll_weight", 0.0),
+        fresh_questions=s.get("fresh_questions", False),
         rollouts_from=s.get("rollouts_from", ""),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
@@ -305,8 +320,8 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
         for t, source in sorted((results["mdpo"].get("iterations_reused_from") or {}).items()):
             lines += [
                 "",
-                f"Iteration {t} was trained by the run with the same settings but fewer iterations and "
-                f"copied: `{short(source)}`.",
+                f"Iteration {t} was trained by the run with the same settings up to it, and copied: "
+                f"`{short(source)}`.",
             ]
     lines += ["", exp.seconds_line(), "", *settings_block(results["settings"])]
     return "\n".join(lines)
@@ -346,6 +361,12 @@ def main() -> None:
     parser.add_argument("--dpo-epochs", type=float, default=1.0)
     parser.add_argument(
         "--nll-weight", type=float, default=0.0, help="NLL term on the chosen completion (released configs: 0.2-0.5)"
+    )
+    parser.add_argument(
+        "--fresh-questions",
+        action="store_true",
+        help="iteration t samples the t-th block of --rft-questions training questions (a deviation: the paper "
+        "samples the same prompts each iteration)",
     )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
@@ -449,6 +470,8 @@ def main() -> None:
     mdpo_key = {"sft": sft_key, **{k: s[k] for k in mdpo_keys}, "engine": args.engine}
     if args.nll_weight:  # only when set, so runs from before the option keep their key
         s["nll_weight"] = mdpo_key["nll_weight"] = args.nll_weight
+    if args.fresh_questions:  # likewise
+        s["fresh_questions"] = mdpo_key["fresh_questions"] = True
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     # iteration 1 samples from the SFT model whatever the DPO settings: a setting that differs from a finished one

@@ -122,3 +122,6 @@ def test_acesearcher_mdpo_with_more_iterations_copies_the_finished_ones(tmp_path
     assert reuse_iterations(exp, out, two) == {}  # already there: nothing copied twice
     other = {**two, "nll_weight": 0.0}  # another setting never borrows an iteration
     assert reuse_iterations(exp, exp.stage_dir("mdpo", other), other) == {}
+    # fresh questions act from iteration 2 on: iteration 1 is the plain run's, iteration 2 is not
+    fresh = {**two, "fresh_questions": True}
+    assert list(reuse_iterations(exp, exp.stage_dir("mdpo", fresh), fresh)) == ["1"]

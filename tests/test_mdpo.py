@@ -605,6 +605,27 @@ def test_another_dpo_setting_reuses_the_first_runs_rollouts(tmp_path: Path, tiny
     assert "rollouts_reused_from" not in stats and stats["rollouts"] == 4 * 2 * 2
 
 
+def test_fresh_questions_give_each_iteration_its_own_block(tmp_path: Path, tiny_model_dir: Path) -> None:
+    retriever = ListRetriever(passages("Ann was born in Paris."))
+    config = _run_config(tmp_path, tiny_model_dir, train_limit=2, fresh_questions=True, eval_initial=False)
+    train_mdpo(config, llm_factory=Factory(), retriever=retriever)
+    for t, block in ((1, {"t0", "t1"}), (2, {"t2", "t3"})):
+        store = RolloutStore(tmp_path / "run" / f"iter{t}" / "rollouts")
+        assert {r.key.split("#")[0] for r in store} == block
+        pairs = [json.loads(line) for line in (tmp_path / "run" / f"iter{t}" / "pairs.jsonl").read_text().splitlines()]
+        assert {p["question_id"] for p in pairs} <= block
+
+    # too few questions for the last block: refused before anything is sampled
+    short = _run_config(tmp_path, tiny_model_dir, train_limit=3, fresh_questions=True)
+    short.output_dir = str(tmp_path / "short")
+    factory = Factory()
+    with pytest.raises(ValueError, match="iteration 2 needs training questions 4-6, the file has 4"):
+        train_mdpo(short, llm_factory=factory, retriever=retriever)
+    assert factory.paths == []
+    with pytest.raises(ValueError, match="needs train_limit"):
+        _run_config(tmp_path, tiny_model_dir, fresh_questions=True).validate()
+
+
 def test_config_from_yaml_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     from sleuth.train.config import ConfigError, load_config
 

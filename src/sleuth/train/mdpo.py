@@ -128,6 +128,10 @@ class MDPOConfig:
     corpus: str = ""
     index: str = ""
     train_limit: int | None = None  # training questions used per iteration (None: all)
+    # A deviation, off by default (the paper samples the same RFT prompts every iteration, 49K of them): iteration t
+    # samples the t-th block of train_limit questions, so that at a small train_limit iteration 2 does not train
+    # again on the questions iteration 1 trained on. Iteration 1 is the same as without it.
+    fresh_questions: bool = False
     dev_limit: int | None = 100  # dev questions for the per-iteration EM (0: no evaluation)
     llm_options: str = ""  # options of the hf: backend for sampling and evaluation ("device=cpu&threads=2")
     # sampling/evaluation engine: "hf", "vllm" (a server on each iteration's model) or a spec with "{model}"
@@ -184,6 +188,8 @@ class MDPOConfig:
 
     def validate(self) -> None:
         """Raise ValueError for option values train_mdpo cannot run with."""
+        if self.fresh_questions and not self.train_limit:
+            raise ValueError("fresh_questions needs train_limit, the number of questions per iteration")
         if self.reward not in ("paper", "code"):
             raise ValueError(f"reward={self.reward!r}; expected 'paper' or 'code'")
         if self.pair_rule not in ("paper", "reference"):
@@ -926,6 +932,28 @@ def _read_examples(path: str, limit: int | None) -> list[Example]:
     return examples[:limit] if limit is not None else examples
 
 
+def _train_questions(config: Any) -> int | None:
+    """How many training questions the run reads: ``train_limit``, or one block of it per iteration."""
+    if getattr(config, "fresh_questions", False) and config.train_limit is not None:
+        return config.train_limit * config.iterations
+    return config.train_limit
+
+
+def iteration_questions(config: MDPOConfig, train: list[Example], t: int) -> list[Example]:
+    """The training questions iteration ``t`` (1-based) samples: all of ``train``, or with ``fresh_questions`` its
+    t-th block of ``train_limit``; an error when the file has too few for the block."""
+    if not config.fresh_questions:
+        return train
+    n = config.train_limit or 0
+    block = train[(t - 1) * n : t * n]
+    if len(block) < n:
+        raise ValueError(
+            f"fresh_questions: iteration {t} needs training questions {(t - 1) * n + 1}-{t * n}, the file has "
+            f"{len(train)}"
+        )
+    return block
+
+
 def prepare_data(config: MDPOConfig, need_index: bool = True) -> tuple[list[Example], list[Example], str]:
     """Training and dev examples and the retriever spec (generating the synthetic world and building the BM25
     index when needed; ``need_index=False``: no index, the spec is "")."""
@@ -954,7 +982,7 @@ def prepare_data(config: MDPOConfig, need_index: bool = True) -> tuple[list[Exam
             build_bm25_index(corpus, index_dir)
         index = str(index_dir)
     return (
-        _read_examples(train_file, config.train_limit),
+        _read_examples(train_file, _train_questions(config)),
         _read_examples(dev_file, getattr(config, "dev_limit", None)),
         index,
     )
@@ -1126,7 +1154,9 @@ def _iterate(
     engines: Engines,
 ) -> dict[str, Any]:
     out = Path(config.output_dir)
+    blocks = [iteration_questions(config, train, t) for t in range(1, config.iterations + 1)]  # fails before sampling
     for t in range(1, config.iterations + 1):
+        train = blocks[t - 1]
         it = out / f"iter{t}"
         it.mkdir(exist_ok=True)
         model_dir, stats_path = it / "model", it / "stats.json"
