@@ -103,6 +103,8 @@ def warmup_settings(args: argparse.Namespace, world: dict[str, Any]) -> dict[str
         return {}
     questions = min(args.searcher_warmup, 4) if args.smoke else args.searcher_warmup
     warmup = {"questions": questions, "lr": args.searcher_warmup_lr, "epochs": args.searcher_warmup_epochs}
+    if args.searcher_warmup_searching_only:  # only when set, so runs from before the option keep their key
+        warmup["searching_only"] = True
     return {"warmup": {**warmup, "batch": 8, "micro_batch": 1, "after": world["train_questions"] // 2}}
 
 
@@ -123,10 +125,11 @@ def warm_start(
     tokenizer = AutoTokenizer.from_pretrained(base)  # the observation cap counts the searcher's tokens
     retriever = load_retriever(index)
     pool = list(load_synth(world / "train.jsonl"))[w["after"] :]
-    records, summary = searcher_warmup_records(pool, retriever, agent, tokenizer)
+    only = bool(w.get("searching_only"))
+    records, summary = searcher_warmup_records(pool, retriever, agent, tokenizer, only)
     if len(records) > w["questions"]:  # the data is the first N transcripts: summarise the questions up to the last
         last = next(i for i, e in enumerate(pool) if e.id == records[w["questions"] - 1]["id"])
-        records, summary = searcher_warmup_records(pool[: last + 1], retriever, agent, tokenizer)
+        records, summary = searcher_warmup_records(pool[: last + 1], retriever, agent, tokenizer, only)
     if not records:
         raise SystemExit(f"searcher warm start: no gold transcript could be built ({summary})")
     out.mkdir(parents=True, exist_ok=True)
@@ -315,6 +318,12 @@ def main() -> None:
         "--searcher-warmup-lr", type=float, default=1e-4, help="full fine-tuning rate of the warm start"
     )
     parser.add_argument("--searcher-warmup-epochs", type=float, default=2.0, help="epochs of the warm start")
+    parser.add_argument(
+        "--searcher-warmup-searching-only",
+        action="store_true",
+        help="warm start on transcripts that search at least once (questions whose gold passages are all in the "
+        "initial documents are skipped): the searcher learns to search, PPO when to stop",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

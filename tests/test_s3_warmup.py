@@ -156,6 +156,18 @@ def test_examples_without_a_usable_decomposition_are_skipped_and_counted() -> No
     assert searcher_warmup_records([], ListRetriever(retrieve), CONFIG)[1]["records"] == 0
 
 
+def test_searching_only_skips_the_questions_the_initial_documents_answer() -> None:
+    def easy(query: str) -> list[Passage]:  # the question alone finds every gold passage: nothing to search
+        return [G1, G2, G3] if query == QUESTION else retrieve(query)
+
+    records, summary = searcher_warmup_records([bridge("easy")], ListRetriever(easy), CONFIG)
+    assert summary["searches_per_record"] == {"0": 1} and len(records) == 1
+    records, summary = searcher_warmup_records([bridge("easy")], ListRetriever(easy), CONFIG, searching_only=True)
+    assert records == [] and summary["skipped"] == {"needs_no_search": 1}
+    records, _ = searcher_warmup_records([bridge("hard")], ListRetriever(retrieve), CONFIG, searching_only=True)
+    assert [len(r["queries"]) for r in records] == [2]
+
+
 # ------------------------------------------------------------------------------------------------ training data
 
 

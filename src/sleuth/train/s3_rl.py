@@ -432,7 +432,11 @@ def _replay_problem(search: GoldSearch, trace: Trace) -> str | None:
 
 
 def searcher_warmup_records(
-    examples: Iterable[Example], retriever: Retriever, config: S3Config, tokenizer: Any = None
+    examples: Iterable[Example],
+    retriever: Retriever,
+    config: S3Config,
+    tokenizer: Any = None,
+    searching_only: bool = False,
 ) -> tuple[list[Record], dict[str, Any]]:
     """Gold s3 searcher trajectories as SFT records, and a summary (questions, records, skipped by reason, hop
     counts, searches per record).
@@ -445,6 +449,8 @@ def searcher_warmup_records(
     observation cap and the chat-template continuation; without it observations are not capped). A replay that
     differs from its plan (another parse, other documents, a capped observation) is skipped and counted, as is an
     example without a usable decomposition or a second example with the same question; nothing raises.
+    ``searching_only``: skip (and count, ``needs_no_search``) the questions whose gold passages are all in the initial
+    documents, so every transcript searches at least once.
 
     A record is ``{id, question_id, messages, weight: 1.0, source: "s3-gold", queries, selected_ids}`` with
     ``messages`` = :func:`trajectory_messages` of the replayed trace: the searcher prompt (its initial documents
@@ -458,6 +464,9 @@ def searcher_warmup_records(
     replies: dict[str, list[str]] = {}
     unique = []
     for search in searches:
+        if searching_only and not search.queries:
+            skipped["needs_no_search"] += 1
+            continue
         question = task_question(search.example, config)  # as the searcher prompt names it
         if question in replies:
             skipped["duplicate_question"] += 1
