@@ -103,6 +103,9 @@ def warmup_settings(args: argparse.Namespace, world: dict[str, Any]) -> dict[str
         return {}
     questions = min(args.searcher_warmup, 4) if args.smoke else args.searcher_warmup
     warmup = {"questions": questions, "lr": args.searcher_warmup_lr, "epochs": args.searcher_warmup_epochs}
+    # the transcripts' first search reply is the query alone (sleuth.train.s3_rl.gold_reply): a warm start cached
+    # with "<search_complete>False" before it is another setting
+    warmup["first_reply"] = "query"
     if args.searcher_warmup_searching_only:  # only when set, so runs from before the option keep their key
         warmup["searching_only"] = True
     return {"warmup": {**warmup, "batch": 8, "micro_batch": 1, "after": world["train_questions"] // 2}}

@@ -106,9 +106,11 @@ def test_gold_transcript_parses_back_to_the_gold_queries_and_doc_numbers() -> No
 
 
 def test_reply_layout_is_the_prompts_json_and_tags() -> None:
-    assert gold_reply(None, 'Who is "Ann"?') == (
-        '<search_complete>\nFalse\n</search_complete>\n<query>\n{\n    "query": "Who is \\"Ann\\"?"\n}\n</query>'
-    )
+    # the first reply that searches is the query alone (the prompt's "not enough" example)
+    assert gold_reply(None, 'Who is "Ann"?') == '<query>\n{\n    "query": "Who is \\"Ann\\"?"\n}\n</query>'
+    assert gold_reply(None, None) == "<search_complete>\nTrue\n</search_complete>"
+    later = "<important_info>\n[2]\n</important_info>\n<search_complete>\nFalse\n</search_complete>\n<query>"
+    assert gold_reply([2], "Who?").startswith(later)
     stop = "<important_info>\n[]\n</important_info>\n<search_complete>\nTrue\n</search_complete>"
     assert gold_reply([], None) == stop
     assert parse_reply(gold_reply([1, 3], "Zoë?"), query_open=False).query == "Zoë?"
