@@ -106,6 +106,7 @@ def warmup_settings(args: argparse.Namespace, world: dict[str, Any]) -> dict[str
     # the transcripts' first search reply is the query alone (sleuth.train.s3_rl.gold_reply): a warm start cached
     # with "<search_complete>False" before it is another setting
     warmup["first_reply"] = "query"
+    warmup["token_reduction"] = "sum"  # each searcher token weighs the same (warm_start_searcher)
     if args.searcher_warmup_searching_only:  # only when set, so runs from before the option keep their key
         warmup["searching_only"] = True
     return {"warmup": {**warmup, "batch": 8, "micro_batch": 1, "after": world["train_questions"] // 2}}
@@ -147,6 +148,7 @@ def warm_start(
         batch_size=w["batch"],
         per_device_batch_size=w["micro_batch"],
         seed=seed,
+        token_reduction=w.get("token_reduction", "mean"),
     )
     return {"dir": str(out), "model": str(out / "model"), "data": summary, "train": stats}
 

@@ -528,11 +528,17 @@ def warm_start_searcher(
     per_device_batch_size: int = 2,
     seed: int = 0,
     max_length: int | None = 8192,
+    token_reduction: str = "sum",
 ) -> dict[str, Any]:
     """Fine-tune the searcher ``model`` on warm-start records (:func:`searcher_warmup_records`) into
     ``out/model`` with :func:`~sleuth.train.exsearch_em.train_weighted` (weights 1: plain SFT on the searcher's own
-    tokens, the mean NLL per trajectory, cosine schedule with 10% warm-up; checkpoints in ``out/trainer`` resume a
-    killed run, a finished one is not redone). Returns its training stats."""
+    tokens, cosine schedule with 10% warm-up; checkpoints in ``out/trainer`` resume a killed run, a finished one is
+    not redone). Returns its training stats.
+
+    ``token_reduction="sum"`` (default): every searcher token weighs the same. With ``"mean"`` (the NLL averaged per
+    transcript) a transcript that stops at once (~12 tokens) gives its one search-or-stop token ~8x the weight of a
+    searching transcript's (~100 tokens): measured on 64 transcripts of which 40 search, the searcher came out
+    opening with ``<search_complete>`` at p ~0.87 on every prompt, the searching ones included, and never searched."""
     from sleuth.train.exsearch_em import EMConfig, train_weighted
 
     config = EMConfig(
@@ -543,6 +549,7 @@ def warm_start_searcher(
         batch_size=batch_size,
         per_device_batch_size=per_device_batch_size,
         weighting="uniform",
+        token_reduction=token_reduction,
         max_length=max_length,
         seed=seed,
     )
