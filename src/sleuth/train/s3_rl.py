@@ -286,8 +286,8 @@ def gold_reply(selection: list[int] | None, query: str | None) -> str:
     the initial one), ``<search_complete>`` (``True`` exactly when there is no query) and the query as the prompt's
     JSON (``{"query": ...}`` indented by 4, non-ASCII kept). The first reply (``selection`` None) that searches is
     the query alone, as the prompt's "If the initial searched results are not enough ..., you should output:
-    <query>..." example: the base model finds that opening as likely as ``<search_complete>True`` (log-probability
-    -5.0 against -4.9 on SmolLM2-135M), while ``<search_complete>False`` first is 2 nats less likely."""
+    <query>..." example: the base model finds that opening as likely as ``<search_complete>True``, while
+    ``<search_complete>False`` first is 2 nats less likely (``benchmarks/s3_warmup_probe.py``, SmolLM2-135M)."""
     parts = [] if selection is None else [f"<important_info>\n{list(selection)}\n</important_info>"]
     if selection is not None or query is None:
         parts.append(f"<search_complete>\n{query is None}\n</search_complete>")
