@@ -63,6 +63,47 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 RESULTS = REPO / "docs" / "results" / "learn_s3"
 
 
+def _without_steps(key: dict[str, Any]) -> dict[str, Any]:
+    return {**key, "ppo": {k: v for k, v in key["ppo"].items() if k != "steps"}}
+
+
+def continue_ppo(exp: Experiment, out: Path, key: dict[str, Any]) -> str | None:
+    """Start a PPO stage from the last checkpoint of a finished sibling that equals ``key`` on every setting but a
+    smaller step count (``--steps 10`` after a ``--steps 2`` run): copy its checkpoint, log and rollouts into ``out``
+    and the trainer resumes at that step. Step t of the loop depends only on those settings and steps 1..t-1 (the
+    learning rates are constant after their warm-ups, the questions of a step come from one seeded order, the
+    checkpoint carries the random streams), so the copy is what this run would train. Returns the source directory,
+    or None when no sibling fits or ``out`` already has a checkpoint of its own."""
+    import shutil
+
+    if (out / "checkpoint" / "state.json").exists():
+        return None
+    key = json.loads(json.dumps(key, default=str))  # as the stage records store it
+    best: tuple[int, Path] | None = None
+    for name, theirs in exp.stage_keys("ppo").items():
+        source = exp.work / name
+        state = source / "checkpoint" / "state.json"
+        if name == out.name or _without_steps(theirs) != _without_steps(key) or not state.exists():
+            continue
+        done = json.loads(state.read_text())["step"]
+        if done == theirs["ppo"]["steps"] < key["ppo"]["steps"] and (best is None or done > best[0]):
+            best = (done, source)
+    if best is None:
+        return None
+    done, source = best
+    print(f"[{exp.name}] PPO: continuing from step {done} of {source} (the same settings, fewer steps)")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("checkpoint", "rollouts"):
+        partial = out / (name + ".copying")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source / name, partial)
+        partial.rename(out / name)
+    for name in ("log.jsonl", "naive_rag_cache.jsonl"):
+        if (source / name).exists():
+            shutil.copy2(source / name, out / name)
+    return str(source)
+
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the run, grouped by the stage that reads it (a group is that stage's part of its key).
     ``--smoke`` fixes the sizes but keeps the learning rates and the seed given (to try resumption)."""
@@ -438,6 +479,7 @@ def main() -> None:
         def train() -> dict[str, Any]:
             out = exp.stage_dir("ppo", ppo_key)
             p = s["ppo"]
+            continued = continue_ppo(exp, out, ppo_key)
             config = S3RLConfig(
                 model=str(start),
                 output_dir=str(out),
@@ -456,7 +498,13 @@ def main() -> None:
             )
             summary = train_s3(config, generator=generator())
             log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-            return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log}
+            return {
+                "dir": str(out),
+                "model": str(out / "model"),
+                "summary": summary,
+                "log": log,
+                "continued_from": continued,
+            }
 
         # one stage and directory per PPO setting: settings tried on dev sit side by side on the same world
         ppo = exp.stage(exp.stage_dir("ppo", ppo_key).name, ppo_key, train)
@@ -516,7 +564,13 @@ def main() -> None:
         f"{len(log)} PPO steps x {s['ppo']['prompts']} questions ({step_seconds:.0f} s of steps; {rewarded} step(s) "
         f"with a mean reward above 0); training data after the filter: {ppo['summary']['data']}. Engine "
         f"{args.engine}. GenAcc (span) of the frozen generator with 95% bootstrap CIs over questions (1000 "
-        "resamples). Settings are compared on dev only.",
+        "resamples). Settings are compared on dev only."
+        + (
+            f" The first steps were trained by the shorter run {short(ppo['continued_from'])} and continued here "
+            "(the same settings; its steps' times are counted)."
+            if ppo.get("continued_from")
+            else ""
+        ),
     )
     naive = test["naive RAG"]["per_example"]["genacc"]
 

@@ -103,6 +103,41 @@ def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_pa
     assert ess([]) is None
 
 
+def test_s3_ppo_with_more_steps_continues_from_the_longest_finished_sibling(tmp_path: Path) -> None:
+    """That the continued run equals one trained straight through is the loop's resumption
+    (tests/test_online_rl.py::test_a_resumed_ppo_run_restores_the_critic_and_its_optimizer); here: which sibling
+    is picked and what is copied."""
+    from learn_s3 import continue_ppo
+
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+
+    def key(steps: int, lr: float = 1e-6) -> dict:
+        return {"searcher": "warm", "ppo": {"steps": steps, "prompts": 8, "lr": lr}, "seed": 0}
+
+    def finished(k: dict, done: int) -> None:
+        def train() -> dict:
+            out = exp.stage_dir("ppo", k)
+            (out / "checkpoint").mkdir(parents=True)
+            (out / "checkpoint" / "state.json").write_text(json.dumps({"step": done}))
+            (out / "rollouts" / f"step-{done - 1:05d}").mkdir(parents=True)
+            (out / "log.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(done)))
+            return {}
+
+        exp.stage(exp.stage_dir("ppo", k).name, k, train)
+
+    finished(key(2), 2)
+    finished(key(4), 4)
+    finished(key(6, lr=1e-5), 6)  # another learning rate: never borrowed
+    ten = key(10)
+    out = exp.stage_dir("ppo", ten)
+    assert continue_ppo(exp, out, ten) == str(exp.stage_dir("ppo", key(4)))
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 4
+    assert (out / "rollouts" / "step-00003").is_dir() and len((out / "log.jsonl").read_text().splitlines()) == 4
+    assert continue_ppo(exp, out, ten) is None  # a checkpoint of its own: resumed by the trainer, not replaced
+    assert continue_ppo(exp, exp.stage_dir("ppo", key(3)), key(3)) == str(exp.stage_dir("ppo", key(2)))
+    assert continue_ppo(exp, exp.stage_dir("ppo", key(2)), key(2)) is None  # never from a longer run
+
+
 def test_acesearcher_mdpo_with_more_iterations_copies_the_finished_ones(tmp_path: Path) -> None:
     from learn_acesearcher import reuse_iterations
 
