@@ -116,13 +116,17 @@ class Experiment:
         rerun after its cached record was removed never resumes another setting's checkpoints."""
         return self.work / f"{name}-{key_hash(key)}"
 
-    def stage_keys(self, prefix: str) -> dict[str, Any]:
-        """The keys of the finished stages named ``prefix-*`` (``stage_dir``'s siblings), by stage name."""
-        return {
-            path.stem: json.loads(path.read_text())["key"]
-            for path in sorted((self.work / "stages").glob(f"{prefix}-*.json"))
-            if not path.name.endswith(".key.json")
-        }
+    def stage_keys(self, prefix: str, unfinished: bool = False) -> dict[str, Any]:
+        """The keys of the finished stages named ``prefix-*`` (``stage_dir``'s siblings), by stage name; with
+        ``unfinished``, also those of stages started and not finished (killed)."""
+        keys = {}
+        for path in sorted((self.work / "stages").glob(f"{prefix}-*.json")):
+            pending = path.name.endswith(".key.json")
+            if unfinished or not pending:
+                keys.setdefault(
+                    path.name.removesuffix(".key.json").removesuffix(".json"), json.loads(path.read_text())["key"]
+                )
+        return keys
 
     def synthetic_world(self, settings: dict[str, Any]) -> tuple[Path, str]:
         """Stage ``world``: a synthetic world made with ``settings`` (``synthesize``'s keyword arguments) and a BM25

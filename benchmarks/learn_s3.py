@@ -67,36 +67,43 @@ def _without_steps(key: dict[str, Any]) -> dict[str, Any]:
     return {**key, "ppo": {k: v for k, v in key["ppo"].items() if k != "steps"}}
 
 
+def _after(name: str, done: int) -> bool:
+    """Whether ``name`` is the rollout directory of a step after the first ``done`` (``step-00006`` is step 7)."""
+    return name.startswith("step-") and name[5:].isdigit() and int(name[5:]) >= done
+
+
 def continue_ppo(exp: Experiment, out: Path, key: dict[str, Any]) -> str | None:
-    """Start a PPO stage from the last checkpoint of a finished sibling that equals ``key`` on every setting but a
-    smaller step count (``--steps 10`` after a ``--steps 2`` run): copy its checkpoint, log and rollouts into ``out``
-    and the trainer resumes at that step. Step t of the loop depends only on those settings and steps 1..t-1 (the
-    learning rates are constant after their warm-ups, the questions of a step come from one seeded order, the
-    checkpoint carries the random streams), so the copy is what this run would train. Returns the source directory,
-    or None when no sibling fits or ``out`` already has a checkpoint of its own."""
+    """Start a PPO stage from the furthest checkpoint of a sibling that equals ``key`` on every setting but the step
+    count and has trained at most this run's steps (``--steps 10`` after a ``--steps 2`` run; ``--steps 6`` from a
+    ``--steps 8`` run killed after its step-6 checkpoint): copy its checkpoint, log and rollouts into ``out`` and the
+    trainer resumes at that step. Step t of the loop depends only on those settings and steps 1..t-1 (the learning
+    rates are constant after their warm-ups, the questions of a step come from one seeded order, the checkpoint
+    carries the random streams), so the copy is what this run would train. Returns the source directory, or None
+    when no sibling fits or ``out`` already has a checkpoint of its own."""
     import shutil
 
     if (out / "checkpoint" / "state.json").exists():
         return None
     key = json.loads(json.dumps(key, default=str))  # as the stage records store it
     best: tuple[int, Path] | None = None
-    for name, theirs in exp.stage_keys("ppo").items():
+    for name, theirs in exp.stage_keys("ppo", unfinished=True).items():
         source = exp.work / name
         state = source / "checkpoint" / "state.json"
         if name == out.name or _without_steps(theirs) != _without_steps(key) or not state.exists():
             continue
         done = json.loads(state.read_text())["step"]
-        if done == theirs["ppo"]["steps"] < key["ppo"]["steps"] and (best is None or done > best[0]):
+        if 0 < done <= key["ppo"]["steps"] and (best is None or done > best[0]):
             best = (done, source)
     if best is None:
         return None
     done, source = best
-    print(f"[{exp.name}] PPO: continuing from step {done} of {source} (the same settings, fewer steps)")
+    print(f"[{exp.name}] PPO: continuing from step {done} of {source} (the same settings but the step count)")
     out.mkdir(parents=True, exist_ok=True)
     for name in ("checkpoint", "rollouts"):
         partial = out / (name + ".copying")
         shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(source / name, partial)
+        # a killed run's rollouts of the steps after its checkpoint are redone here, not copied
+        shutil.copytree(source / name, partial, ignore=lambda _, names: [n for n in names if _after(n, done)])
         partial.rename(out / name)
     for name in ("log.jsonl", "naive_rag_cache.jsonl"):
         if (source / name).exists():
@@ -566,7 +573,7 @@ def main() -> None:
         f"{args.engine}. GenAcc (span) of the frozen generator with 95% bootstrap CIs over questions (1000 "
         "resamples). Settings are compared on dev only."
         + (
-            f" The first steps were trained by the shorter run {short(ppo['continued_from'])} and continued here "
+            f" The first steps were trained by the run {short(ppo['continued_from'])} and continued here "
             "(the same settings; its steps' times are counted)."
             if ppo.get("continued_from")
             else ""

@@ -103,10 +103,10 @@ def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_pa
     assert ess([]) is None
 
 
-def test_s3_ppo_with_more_steps_continues_from_the_longest_finished_sibling(tmp_path: Path) -> None:
+def test_s3_ppo_continues_from_the_furthest_sibling_checkpoint_it_can_use(tmp_path: Path) -> None:
     """That the continued run equals one trained straight through is the loop's resumption
-    (tests/test_online_rl.py::test_a_resumed_ppo_run_restores_the_critic_and_its_optimizer); here: which sibling
-    is picked and what is copied."""
+    (tests/test_online_rl.py::test_a_resumed_ppo_run_restores_the_critic_and_its_optimizer); here: which sibling's
+    checkpoint is picked (the furthest at or below this run's steps, finished or killed) and what is copied."""
     from learn_s3 import continue_ppo
 
     exp = Experiment("t", tmp_path / "work", tmp_path / "results")
@@ -135,7 +135,22 @@ def test_s3_ppo_with_more_steps_continues_from_the_longest_finished_sibling(tmp_
     assert (out / "rollouts" / "step-00003").is_dir() and len((out / "log.jsonl").read_text().splitlines()) == 4
     assert continue_ppo(exp, out, ten) is None  # a checkpoint of its own: resumed by the trainer, not replaced
     assert continue_ppo(exp, exp.stage_dir("ppo", key(3)), key(3)) == str(exp.stage_dir("ppo", key(2)))
-    assert continue_ppo(exp, exp.stage_dir("ppo", key(2)), key(2)) is None  # never from a longer run
+    assert continue_ppo(exp, exp.stage_dir("ppo", key(2)), key(2)) is None  # its own checkpoint: the trainer's
+    # a 12-step run killed after its step-8 checkpoint (the log and rollouts of step 9 were written) seeds a 9-step one
+    twelve = key(12)
+    exp._cached(
+        exp.work / "stages" / f"{exp.stage_dir('ppo', twelve).name}.json", twelve, "ppo"
+    )  # started, unfinished
+    killed = exp.stage_dir("ppo", twelve)
+    (killed / "checkpoint").mkdir(parents=True)
+    (killed / "checkpoint" / "state.json").write_text(json.dumps({"step": 8}))
+    for step in range(9):
+        (killed / "rollouts" / f"step-{step:05d}").mkdir(parents=True)
+    nine = key(9)
+    out = exp.stage_dir("ppo", nine)
+    assert continue_ppo(exp, out, nine) == str(killed)
+    assert sorted(p.name for p in (out / "rollouts").iterdir())[-1] == "step-00007"
+    assert continue_ppo(exp, exp.stage_dir("ppo", key(7)), key(7)) == str(exp.stage_dir("ppo", key(4)))
 
 
 def test_acesearcher_mdpo_with_more_iterations_copies_the_finished_ones(tmp_path: Path) -> None:
