@@ -13,7 +13,9 @@ Two evaluation splits of the world, with entities disjoint from training and fro
 is reported and never used to choose anything. Stages, caching and the report come from ``benchmarks/harness.py``:
 a rerun resumes; each PPO setting (``--steps``, ``--prompts``, ``--lr``, ``--critic-lr``) trains into its own
 directory next to the others, while a changed setting of the world is an error naming the files to remove (results
-of two settings are never mixed).
+of two settings are never mixed). A PPO setting that differs from another only in ``--steps`` starts from that
+run's furthest checkpoint at or below its own step count (:func:`continue_ppo`): ``--steps 8`` after ``--steps 2``
+trains 6 new steps.
 
 Searcher warm start (a deviation, off by default: ``--searcher-warmup 0`` runs PPO from the base searcher, as the
 paper does). The untrained 135M searcher never finds the second hop of these 2-3-hop questions (it beat naive RAG
