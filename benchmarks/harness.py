@@ -25,6 +25,7 @@ import hashlib
 import json
 import platform
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +61,15 @@ def _relative(path: str) -> str:
 def short(path: str | Path) -> str:
     """A model directory for a table: relative to the repository when inside it."""
     return _relative(str(path))
+
+
+def copy_tree_atomic(source: Path, target: Path, ignore: Callable[[str, list[str]], list[str]] | None = None) -> None:
+    """Copy the directory ``source`` to ``target`` through ``target.copying`` and a rename, so a killed copy leaves
+    no half-filled ``target`` (a stage that finds ``target`` trusts it)."""
+    partial = target.with_name(target.name + ".copying")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial, ignore=ignore)
+    partial.rename(target)
 
 
 class Experiment:

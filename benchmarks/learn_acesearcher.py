@@ -40,9 +40,9 @@ import argparse
 import dataclasses
 import functools
 import json
-import shutil
 import sys
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,6 +52,7 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     Experiment,
     ModelServer,
     base_model,
+    copy_tree_atomic,
     difference_table,
     pct,
     plot,
@@ -229,10 +230,7 @@ def reuse_iterations(exp: Experiment, out: Path, key: dict[str, Any]) -> dict[st
             if not ((source / "model").exists() and (source / "stats.json").exists()):
                 break  # a later iteration needs this one
             print(f"[{exp.name}] iteration {t}: copied from {source} (the same settings up to this iteration)")
-            partial = target.with_name(target.name + ".copying")
-            shutil.rmtree(partial, ignore_errors=True)
-            shutil.copytree(source, partial)
-            partial.rename(target)
+            copy_tree_atomic(source, target)
             reused[str(t)] = str(source)
     return reused
 
@@ -298,8 +296,9 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
             "",
             "| iteration | questions | trajectories | mean reward | ties (decomposition / solver groups) | "
             "pairs (decompose / subq / final / total) | DPO steps | DPO accuracy (mean / last) | "
-            "implicit-reward margin (mean / last) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "implicit-reward margin (mean / last) | chosen log-ratio < 0 (steps, mean) | logps/chosen first -> last | "
+            "minutes sampling / DPO |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for it in iterations:
             pairs, ties, dpo = it.get("pairs") or {}, it.get("degenerate") or {}, it.get("dpo") or {}
@@ -308,14 +307,27 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
                 f"{pct(it.get('mean_reward'))} | {ties.get('decompose_tie', 0)} / {ties.get('solver_tie', 0)} | "
                 f"{pairs.get('decompose', 0)} / {pairs.get('subq', 0)} / {pairs.get('final', 0)} / "
                 f"{pairs.get('total', 0)} | {dpo.get('steps', '–')} | {_num(dpo.get('accuracy'))} / "
-                f"{_num(dpo.get('final_accuracy'))} | {_num(dpo.get('margin'))} / {_num(dpo.get('final_margin'))} |"
+                f"{_num(dpo.get('final_accuracy'))} | {_num(dpo.get('margin'))} / {_num(dpo.get('final_margin'))} | "
+                + (
+                    f"{c['negative']} of {c['steps']}, {c['mean']:+.3f} | {c['logps_first']:.2f} -> "
+                    f"{c['logps_last']:.2f} | "
+                    if (c := it.get("chosen"))
+                    else "– | – | "
+                )
+                + " / ".join(
+                    f"{it['seconds'][k] / 60:.0f}" if it.get("seconds", {}).get(k) else "–"
+                    for k in ("sampling", "training")
+                )
+                + " |"
             )
         lines += [
             "",
             "Mean reward: the paper's EM x format reward of the sampled trajectories. A decomposition group ties "
             "when its m decompositions have the same mean reward, a solver group when its m' runs score alike; "
             "tied groups give no pair. The implicit-reward margin is DPO's beta-scaled log-ratio gap "
-            "chosen - rejected (TRL's `rewards/margins`): about 0 means DPO did not move the model.",
+            "chosen - rejected (TRL's `rewards/margins`): about 0 means DPO did not move the model. The chosen "
+            "log-ratio (TRL's `rewards/chosen`, over the logged steps after the first) says whether the preferred "
+            "completions gained or lost likelihood; a copied iteration keeps the minutes of the run that trained it.",
         ]
         for t, source in sorted((results["mdpo"].get("iterations_reused_from") or {}).items()):
             lines += [
@@ -325,6 +337,24 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
             ]
     lines += ["", exp.seconds_line(), "", *settings_block(results["settings"])]
     return "\n".join(lines)
+
+
+def chosen_likelihood(log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How the chosen completions' likelihood moved during DPO, from TRL's logged steps after the first (logged
+    before any update): on how many steps ``rewards/chosen`` (beta x the chosen log-ratio to the reference) was
+    negative, its mean, and ``logps/chosen`` at the first and last of those steps. The NLL term is meant to keep
+    the log-ratio from falling."""
+    steps = [r for r in log_history if "rewards/chosen" in r][1:]
+    if not steps:
+        return None
+    ratios = [float(r["rewards/chosen"]) for r in steps]
+    return {
+        "steps": len(ratios),
+        "negative": sum(x < 0 for x in ratios),
+        "mean": mean(ratios),
+        "logps_first": float(steps[0].get("logps/chosen", float("nan"))),
+        "logps_last": float(steps[-1].get("logps/chosen", float("nan"))),
+    }
 
 
 def _num(value: Any) -> str:
@@ -499,7 +529,11 @@ def main() -> None:
             it["questions"] = stats.get("questions")
             it["degenerate"] = stats.get("degenerate")
             it["rollouts_reused_from"] = stats.get("rollouts_reused_from")
-            it["dpo"] = {k: v for k, v in (stats.get("dpo") or {}).items() if k != "log_history"}
+            it["dpo"] = stats.get("dpo") or {}
+            metrics = stats_file.with_name("train_metrics.json")  # the DPO trainer's log (stats.json leaves it out)
+            if metrics.exists():
+                it["chosen"] = chosen_likelihood(json.loads(metrics.read_text()).get("log_history") or [])
+            it["seconds"] = stats.get("seconds") or {}
         measure(f"mdpo-{it['iteration']}", mdpo_dir / f"iter{it['iteration']}" / "model")
 
     names = list(evaluations["test"])

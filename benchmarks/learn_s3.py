@@ -54,6 +54,7 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
     base_model,
+    copy_tree_atomic,
     difference_table,
     plot,
     settings_block,
@@ -102,11 +103,8 @@ def continue_ppo(exp: Experiment, out: Path, key: dict[str, Any]) -> str | None:
     print(f"[{exp.name}] PPO: continuing from step {done} of {source} (the same settings but the step count)")
     out.mkdir(parents=True, exist_ok=True)
     for name in ("checkpoint", "rollouts"):
-        partial = out / (name + ".copying")
-        shutil.rmtree(partial, ignore_errors=True)
         # a killed run's rollouts of the steps after its checkpoint are redone here, not copied
-        shutil.copytree(source / name, partial, ignore=lambda _, names: [n for n in names if _after(n, done)])
-        partial.rename(out / name)
+        copy_tree_atomic(source / name, out / name, ignore=lambda _, names: [n for n in names if _after(n, done)])
     for name in ("log.jsonl", "naive_rag_cache.jsonl"):
         if (source / name).exists():
             shutil.copy2(source / name, out / name)
@@ -260,14 +258,15 @@ def gold_accuracy(generator: Any, examples: list[Any], world: Path, agent: Any) 
     return {"per_example": {"genacc": scored["per_example"]["acc"]}, "answers": scored["answers"]}
 
 
-def step_rewards(out: Path) -> list[dict[str, Any]]:
+def step_rewards(out: Path, log: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Per PPO step, from the rollouts it trained on: reward mean and std, the share of episodes with a reward
     other than 0 (PPO has no groups: an all-zero step teaches only through the KL term), and the mean of each
-    reward component."""
+    reward component; with the trainer's ``log``, also the step's KL to the reference and its seconds."""
     from statistics import pstdev
 
     from sleuth.train.rollouts import RolloutStore
 
+    logged = {r["step"]: r for r in log or []}
     rows = []
     for step_dir in sorted((out / "rollouts").glob("step-*")):
         extras = [r.extra for r in RolloutStore(step_dir)]
@@ -285,20 +284,25 @@ def step_rewards(out: Path) -> list[dict[str, Any]]:
         for key in ("acc_s3", "acc_naive", "selected"):
             values = [float(e["components"][key]) for e in extras if key in (e.get("components") or {})]
             row[key] = mean(values) if values else None
+        entry = logged.get(row["step"], {})
+        row["kl"], row["seconds"] = entry.get("kl"), entry.get("seconds")
         rows.append(row)
     return rows
 
 
 def step_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| step | episodes | reward mean | reward std | reward ≠ 0 | reward > 0 | Acc(s3 docs) | Acc(naive) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| step | episodes | reward mean | reward std | reward ≠ 0 | reward > 0 | Acc(s3 docs) | Acc(naive) | KL "
+        "| seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         acc = [f"{r[k]:.3f}" if r[k] is not None else "–" for k in ("acc_s3", "acc_naive")]
+        kl = f"{r['kl']:.4f}" if r.get("kl") is not None else "–"
+        seconds = f"{r['seconds']:.0f}" if r.get("seconds") is not None else "–"
         lines.append(
             f"| {r['step']} | {r['episodes']} | {r['mean']:+.3f} | {r['std']:.3f} | {100 * r['nonzero']:.0f}% "
-            f"| {100 * r['positive']:.0f}% | {acc[0]} | {acc[1]} |"
+            f"| {100 * r['positive']:.0f}% | {acc[0]} | {acc[1]} | {kl} | {seconds} |"
         )
     return lines
 
@@ -556,7 +560,7 @@ def main() -> None:
     log = ppo["log"]
     step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
     rewarded = sum(1 for r in log if r.get("reward", 0.0) > 0)
-    steps = step_rewards(Path(ppo["dir"]))
+    steps = step_rewards(Path(ppo["dir"]), log)
     models = {"gold passages": "–", "naive RAG": "–", "s3 before": short(searcher)}
     if warm is not None:
         models["s3 warm start"] = short(warm["model"])

@@ -138,14 +138,17 @@ def test_s3_ppo_continues_from_the_furthest_sibling_checkpoint_it_can_use(tmp_pa
     assert continue_ppo(exp, exp.stage_dir("ppo", key(2)), key(2)) is None  # its own checkpoint: the trainer's
     # a 12-step run killed after its step-8 checkpoint (the log and rollouts of step 9 were written) seeds a 9-step one
     twelve = key(12)
-    exp._cached(
-        exp.work / "stages" / f"{exp.stage_dir('ppo', twelve).name}.json", twelve, "ppo"
-    )  # started, unfinished
     killed = exp.stage_dir("ppo", twelve)
-    (killed / "checkpoint").mkdir(parents=True)
-    (killed / "checkpoint" / "state.json").write_text(json.dumps({"step": 8}))
-    for step in range(9):
-        (killed / "rollouts" / f"step-{step:05d}").mkdir(parents=True)
+
+    def killed_after_step_8() -> dict:
+        (killed / "checkpoint").mkdir(parents=True)
+        (killed / "checkpoint" / "state.json").write_text(json.dumps({"step": 8}))
+        for step in range(9):
+            (killed / "rollouts" / f"step-{step:05d}").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        exp.stage(killed.name, twelve, killed_after_step_8)
     nine = key(9)
     out = exp.stage_dir("ppo", nine)
     assert continue_ppo(exp, out, nine) == str(killed)
@@ -175,3 +178,20 @@ def test_acesearcher_mdpo_with_more_iterations_copies_the_finished_ones(tmp_path
     # fresh questions act from iteration 2 on: iteration 1 is the plain run's, iteration 2 is not
     fresh = {**two, "fresh_questions": True}
     assert list(reuse_iterations(exp, exp.stage_dir("mdpo", fresh), fresh)) == ["1"]
+
+
+def test_acesearcher_chosen_likelihood_skips_the_step_before_any_update() -> None:
+    from learn_acesearcher import chosen_likelihood
+
+    log = [
+        {"loss": 0.69, "rewards/chosen": 0.0, "logps/chosen": -3.0},  # logged before the first update
+        {"rewards/chosen": -0.2, "logps/chosen": -4.0},
+        {"learning_rate": 1e-5},  # a line without DPO rewards
+        {"rewards/chosen": 0.1, "logps/chosen": -3.5},
+        {"rewards/chosen": -0.5, "logps/chosen": -9.0},
+    ]
+    got = chosen_likelihood(log)
+    assert got is not None
+    assert (got["steps"], got["negative"], got["logps_first"], got["logps_last"]) == (3, 2, -4.0, -9.0)
+    assert got["mean"] == pytest.approx(-0.2)
+    assert chosen_likelihood(log[:1]) is None and chosen_likelihood([]) is None
