@@ -200,8 +200,8 @@ def _mdpo_seconds(out: Path) -> float:
 
 
 #: mDPO settings that change nothing before the given iteration (``fresh_questions``: iteration 1 samples the first
-#: block either way)
-FIRST_ITERATION_AFFECTED = {"fresh_questions": 2}
+#: block either way; ``later_dpo_lr``: iteration 1 trains at ``dpo_lr``)
+FIRST_ITERATION_AFFECTED = {"fresh_questions": 2, "later_dpo_lr": 2}
 
 
 def _iteration_key(key: dict[str, Any], t: int) -> dict[str, Any]:
@@ -254,6 +254,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         learning_rate=s["dpo_lr"],
         nll_weight=s.get("nll_weight", 0.0),
         fresh_questions=s.get("fresh_questions", False),
+        later_learning_rate=s.get("later_dpo_lr"),
         rollouts_from=s.get("rollouts_from", ""),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
@@ -398,6 +399,12 @@ def main() -> None:
         help="iteration t samples the t-th block of --rft-questions training questions (a deviation: the paper "
         "samples the same prompts each iteration)",
     )
+    parser.add_argument(
+        "--later-dpo-lr",
+        type=float,
+        default=None,
+        help="DPO learning rate of iterations 2..T (a deviation: the paper trains every iteration at one rate)",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
     parser.add_argument(
@@ -502,6 +509,8 @@ def main() -> None:
         s["nll_weight"] = mdpo_key["nll_weight"] = args.nll_weight
     if args.fresh_questions:  # likewise
         s["fresh_questions"] = mdpo_key["fresh_questions"] = True
+    if args.later_dpo_lr is not None:  # likewise
+        s["later_dpo_lr"] = mdpo_key["later_dpo_lr"] = args.later_dpo_lr
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     # iteration 1 samples from the SFT model whatever the DPO settings: a setting that differs from a finished one

@@ -178,6 +178,8 @@ def test_acesearcher_mdpo_with_more_iterations_copies_the_finished_ones(tmp_path
     # fresh questions act from iteration 2 on: iteration 1 is the plain run's, iteration 2 is not
     fresh = {**two, "fresh_questions": True}
     assert list(reuse_iterations(exp, exp.stage_dir("mdpo", fresh), fresh)) == ["1"]
+    later = {**two, "later_dpo_lr": 5e-6}  # so does a later rate
+    assert list(reuse_iterations(exp, exp.stage_dir("mdpo", later), later)) == ["1"]
 
 
 def test_acesearcher_chosen_likelihood_skips_the_step_before_any_update() -> None:

@@ -243,6 +243,15 @@ def test_reference_pair_rule_needs_the_code_reward() -> None:
     MDPOConfig(reward="code", pair_rule="reference").validate()
 
 
+def test_later_learning_rate_is_off_by_default_and_positive() -> None:
+    assert MDPOConfig().later_learning_rate is None  # the paper: one rate for every iteration
+    assert mdpo.iteration_config(MDPOConfig(learning_rate=2e-5), 2).learning_rate == 2e-5
+    later = MDPOConfig(learning_rate=2e-5, later_learning_rate=5e-6)
+    assert [mdpo.iteration_config(later, t).learning_rate for t in (1, 2, 3)] == [2e-5, 5e-6, 5e-6]
+    with pytest.raises(ValueError, match="later_learning_rate"):
+        MDPOConfig(later_learning_rate=0.0).validate()
+
+
 def test_degenerate_groups_are_counted_not_fatal() -> None:
     rollouts = [
         rollout("q4", 0, 0, D_GOOD, [], None, fail_first_call=True),  # failed before decomposing
@@ -488,6 +497,7 @@ def test_reference_of_each_iteration_is_the_previous_policy(
         seen.append(
             {
                 "policy": Path(policy),
+                "learning_rate": trainer.args.learning_rate,
                 "ref": {k: v.clone() for k, v in trainer.ref_model.state_dict().items()},
                 "start": {k: v.clone() for k, v in trainer.model.state_dict().items()},
             }
@@ -497,10 +507,12 @@ def test_reference_of_each_iteration_is_the_previous_policy(
     monkeypatch.setattr(mdpo, "build_dpo_trainer", spy)
     factory = Factory()
     retriever = ListRetriever(passages("Ann was born in Paris."))
-    summary = train_mdpo(_run_config(tmp_path, tiny_model_dir), llm_factory=factory, retriever=retriever)
+    config = _run_config(tmp_path, tiny_model_dir, later_learning_rate=1e-4)
+    summary = train_mdpo(config, llm_factory=factory, retriever=retriever)
     run_dir = tmp_path / "run"
     iter1, iter2 = run_dir / "iter1" / "model", run_dir / "iter2" / "model"
     assert summary["final_model"] == str(iter2) and len(seen) == 2
+    assert [s["learning_rate"] for s in seen] == [1e-3, 1e-4]  # the later rate from iteration 2 on
     # sampling with the newest model: θ(1) samples (and is evaluated), θ(2) = iter1/model is evaluated and samples
     assert factory.paths == [tiny_model_dir, iter1, iter1, iter2]
     assert seen[0]["policy"] == tiny_model_dir and seen[1]["policy"] == iter1
@@ -514,6 +526,7 @@ def test_reference_of_each_iteration_is_the_previous_policy(
         stats = json.loads((run_dir / f"iter{t}" / "stats.json").read_text())
         assert stats["reference"] == stats["policy"] == str(policy) and stats["pairs"]["total"] > 0
         assert stats["dpo"]["trained"] and stats["dpo"]["accuracy"] is not None
+        assert stats["dpo"]["learning_rate"] == (1e-3 if t == 1 else 1e-4)
         assert stats["dev"]["n"] == 2 and stats["rollouts"] == 4 * 2 * 3
         assert (run_dir / f"iter{t}" / "pairs.jsonl").exists()
         producer = json.loads((run_dir / f"iter{t}" / "rollouts" / "store.json").read_text())

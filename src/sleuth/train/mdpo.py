@@ -161,6 +161,9 @@ class MDPOConfig:
     beta: float = 0.1  # the released 8B config: 0.5
     nll_weight: float = 0.0  # the released configs' pref_ftx: 0.2-0.5 (see build_dpo_trainer)
     learning_rate: float = 1e-6  # 1.5B: 1e-6; 8B/14B: 5e-7; 32B LoRA: 1e-6
+    # A deviation, off by default (the paper trains every iteration at one rate): iterations 2..T train at this rate,
+    # so that a rate large enough to move the SFT model in iteration 1 need not be the rate θ(2) trains at.
+    later_learning_rate: float | None = None
     batch_size: int = 64  # pairs per optimizer step
     per_device_batch_size: int = 1  # gradient accumulation makes up the rest
     epochs: float = 1.0
@@ -210,6 +213,8 @@ class MDPOConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError("warmup_ratio must be in [0, 1)")
+        if self.later_learning_rate is not None and self.later_learning_rate <= 0:
+            raise ValueError("later_learning_rate must be > 0 (None: every iteration at learning_rate)")
         engine_spec(self, Path("MODEL"))
         self.agent.validate()
 
@@ -816,6 +821,14 @@ def _mean_logged(history: list[dict[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def iteration_config(config: MDPOConfig, t: int) -> MDPOConfig:
+    """The DPO options of iteration ``t`` (1-based): ``config``, at ``later_learning_rate`` from iteration 2 on when
+    that is set."""
+    if t == 1 or config.later_learning_rate is None:
+        return config
+    return dataclasses.replace(config, learning_rate=config.later_learning_rate)
+
+
 def train_dpo(config: MDPOConfig, policy: str | Path, pairs: list[dict[str, Any]], iteration_dir: str | Path) -> dict:
     """One DPO iteration: train from ``policy`` (also the reference) on ``pairs``; the model is saved to
     ``iteration_dir/model`` (written aside, then renamed, so the directory exists only when complete) and the
@@ -849,6 +862,7 @@ def train_dpo(config: MDPOConfig, policy: str | Path, pairs: list[dict[str, Any]
             "trained": True,
             "pairs": len(pairs),
             "steps": trainer.state.global_step,
+            "learning_rate": trainer.args.learning_rate,
             "resumed_from": checkpoint,
             "loss": _mean_logged(history, "loss"),
             "accuracy": _mean_logged(history, "rewards/accuracies"),
@@ -1224,7 +1238,7 @@ def _iterate(
         else:
             _log(config, f"iteration {t}: DPO on {len(pairs)} pairs (reference = {policy})")
             engines.close()  # no server holds memory or cores while DPO trains
-            train_stats = train_dpo(config, policy, pairs, it)
+            train_stats = train_dpo(iteration_config(config, t), policy, pairs, it)
             seconds["training"] = train_stats["seconds"]
         started = time.perf_counter()
         dev_stats: dict[str, Any] = {"n": 0, "em": None}
