@@ -255,7 +255,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         nll_weight=s.get("nll_weight", 0.0),
         fresh_questions=s.get("fresh_questions", False),
         later_learning_rate=s.get("later_dpo_lr"),
-        rollouts_from=s.get("rollouts_from", ""),
+        rollouts_from=tuple(s.get("rollouts_from", ())),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
         max_steps=s["dpo_steps"],
@@ -513,17 +513,16 @@ def main() -> None:
         s["later_dpo_lr"] = mdpo_key["later_dpo_lr"] = args.later_dpo_lr
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
-    # iteration 1 samples from the SFT model whatever the DPO settings: a setting that differs from a finished one
-    # only after sampling trains on that one's rollouts (train_mdpo's rollouts_from checks the producer again)
+    # iteration 1 samples from the SFT model whatever the DPO settings, and iteration t from a model a sibling may
+    # have trained with the same settings (copied by reuse_iterations): every sibling with these sampling settings is
+    # a candidate, and train_mdpo takes an iteration's rollouts from the first whose store has that iteration's
+    # producer (the same weights, agent, m, m', seed) and questions
     sampling = ("sft", "rft_questions", "decompositions", "solutions", "tokens", "total_passages", "engine")
-    s["rollouts_from"] = next(
-        (
-            str(exp.work / name)
-            for name, key in exp.stage_keys("mdpo").items()
-            if name != mdpo_dir.name and all(key.get(k) == mdpo_key[k] for k in sampling)
-        ),
-        "",
-    )
+    s["rollouts_from"] = [
+        str(exp.work / name)
+        for name, key in exp.stage_keys("mdpo", unfinished=True).items()
+        if name != mdpo_dir.name and all(key.get(k) == mdpo_key[k] for k in sampling)
+    ]
 
     def train() -> dict[str, Any]:
         reused = reuse_iterations(exp, mdpo_dir, mdpo_key)

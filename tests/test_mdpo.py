@@ -618,6 +618,44 @@ def test_another_dpo_setting_reuses_the_first_runs_rollouts(tmp_path: Path, tiny
     assert "rollouts_reused_from" not in stats and stats["rollouts"] == 4 * 2 * 2
 
 
+def test_a_later_iteration_reuses_rollouts_of_the_same_weights_elsewhere(tmp_path: Path, tiny_model_dir: Path) -> None:
+    retriever = ListRetriever(passages("Ann was born in Paris."))
+    first = _run_config(tmp_path, tiny_model_dir, eval_initial=False)
+    train_mdpo(first, llm_factory=Factory(), retriever=retriever)
+
+    # another rate from iteration 2 on: iteration 1 is the first run's, copied (as learn_acesearcher does), so
+    # iteration 2 samples from the same weights in another directory and takes the first run's samples
+    later_dir = tmp_path / "run-later"
+    (later_dir / "iter1").mkdir(parents=True)
+    for name in ("model", "stats.json", "train_metrics.json"):
+        source = tmp_path / "run" / "iter1" / name
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, later_dir / "iter1" / name)
+    later = _run_config(tmp_path, tiny_model_dir, eval_initial=False, later_learning_rate=5e-4)
+    later.output_dir, later.rollouts_from = str(later_dir), (str(tmp_path / "never-ran"), first.output_dir)
+    factory = Factory()
+    train_mdpo(later, llm_factory=factory, retriever=retriever)
+    assert factory.paths == [later_dir / "iter2" / "model"]  # nothing sampled: only the new model is evaluated
+    store = later_dir / "iter2" / "rollouts"
+    assert (store / "rollouts.jsonl").read_text() == (
+        tmp_path / "run" / "iter2" / "rollouts" / "rollouts.jsonl"
+    ).read_text()
+    assert json.loads((store / "store.json").read_text())["model"] == str(later_dir / "iter1" / "model")
+    stats = json.loads((later_dir / "iter2" / "stats.json").read_text())
+    assert stats["rollouts_reused_from"] == str(tmp_path / "run" / "iter2" / "rollouts")
+    assert stats["dpo"]["learning_rate"] == 5e-4 and stats["pairs"]["total"] > 0
+
+    # a store that holds other questions than the iteration samples is not taken (its pairs would leak in)
+    fresh = _run_config(
+        tmp_path, tiny_model_dir, iterations=1, eval_initial=False, train_limit=2, fresh_questions=True
+    )
+    fresh.output_dir, fresh.rollouts_from = str(tmp_path / "run-fresh"), first.output_dir
+    factory = Factory()
+    train_mdpo(fresh, llm_factory=factory, retriever=retriever)
+    assert factory.llms[0].prompts
+    stats = json.loads((tmp_path / "run-fresh" / "iter1" / "stats.json").read_text())
+    assert "rollouts_reused_from" not in stats and stats["rollouts"] == 2 * 2 * 3
+
+
 def test_fresh_questions_give_each_iteration_its_own_block(tmp_path: Path, tiny_model_dir: Path) -> None:
     retriever = ListRetriever(passages("Ann was born in Paris."))
     config = _run_config(tmp_path, tiny_model_dir, train_limit=2, fresh_questions=True, eval_initial=False)

@@ -74,7 +74,7 @@ from sleuth.llm import LLM
 from sleuth.records import Example, Step, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.config import ConfigError, load_config, to_mapping
-from sleuth.train.rollouts import Rollout, RolloutStore, collect, model_revision
+from sleuth.train.rollouts import STORE_MANIFEST, Rollout, RolloutStore, collect, model_revision
 
 __all__ = [
     "MDPO_KEY",
@@ -183,10 +183,11 @@ class MDPOConfig:
     keep_checkpoints: bool = False
     seed: int = 0
     eval_initial: bool = True  # also evaluate θ(1) on dev (iteration 1's stats: dev_initial)
-    # An earlier run's output_dir: each iteration starts from that run's rollouts where they have this run's producer
-    # (same model and revision, agent settings, m, m', seed), so another DPO setting (beta, learning_rate,
-    # nll_weight, ...) on the same starting model trains on the very samples of the first without drawing them again.
-    rollouts_from: str = ""
+    # Earlier runs' output_dirs: each iteration starts from the first of their iter{t} rollout stores that has this
+    # run's producer (same model weights, agent settings, m, m', seed) and only this iteration's questions, so
+    # another DPO setting (beta, learning_rate, nll_weight, ...) on the same starting model trains on the very samples
+    # of the first without drawing them again. A plain string is one directory.
+    rollouts_from: tuple[str, ...] = ()
     progress: bool = True
 
     def validate(self) -> None:
@@ -242,20 +243,43 @@ def _decompose_step(trace: Trace) -> Step | None:
     return next((s for s in trace.steps if s.kind == "decompose"), None)
 
 
-def _reuse_rollouts(source: Path, target: Path, producer: dict[str, Any], config: MDPOConfig) -> bool:
-    """Copy the rollout store ``source`` to ``target`` when its producer is ``producer`` (``rollouts_from``); say
-    why not otherwise. The store's own check still guards the copy when it is opened."""
-    manifest = source / "store.json"
+def _question_of(rollout: Rollout) -> str:
+    """The training question a sampled run belongs to (a fixed-decomposition run's group is ``{q}#{i}``)."""
+    return (rollout.trace.example.metadata.get(MDPO_KEY) or {}).get("question_id") or rollout.group
+
+
+def rollout_sources(config: MDPOConfig) -> tuple[str, ...]:
+    """``config.rollouts_from`` as a tuple of directories (a plain string is one)."""
+    sources = config.rollouts_from
+    return tuple(d for d in ((sources,) if isinstance(sources, str) else sources) if d)
+
+
+def _reuse_rollouts(
+    source: Path, target: Path, producer: dict[str, Any], questions: set[str], config: MDPOConfig
+) -> bool:
+    """Copy the rollout store ``source`` to ``target`` when its producer is ``producer`` and it holds rollouts of
+    ``questions`` only (``rollouts_from``); say why not otherwise. The store's own check still guards the copy when
+    it is opened."""
+    manifest = source / STORE_MANIFEST
     if not manifest.exists():
         _log(config, f"rollouts_from: {source} holds no rollouts; sampling")
         return False
     theirs = json.loads(manifest.read_text())
     ours = json.loads(json.dumps(producer, default=str))
     changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    # the same weights in another directory (an iteration a benchmark copied from a sibling run): the revision
+    # fingerprints the weight files (names, sizes, mtimes, which a copy keeps), the path does not matter
+    if changed == ["model"] and ours.get("model_revision") and theirs.get("model_revision") == ours["model_revision"]:
+        changed = []
     if changed:
         _log(config, f"rollouts_from: {source} has another producer (differs in {changed}); sampling")
         return False
+    others = sorted({_question_of(r) for r in RolloutStore(source)} - questions)
+    if others:  # build_pairs takes every rollout of the store: another question block must not leak in
+        _log(config, f"rollouts_from: {source} holds {len(others)} questions this iteration does not sample; sampling")
+        return False
     shutil.copytree(source, target)
+    (target / STORE_MANIFEST).write_text(json.dumps(ours, indent=2) + "\n")  # this run's producer from now on
     # a resumed iteration finds the copy already there: the record of where it came from outlives this call
     _write_json(target.parent / REUSED_FILE, {"rollouts_reused_from": str(source)})
     _log(config, f"rollouts_from: reusing {source} ({len(RolloutStore(target))} rollouts)")
@@ -1190,9 +1214,13 @@ def _iterate(
             "solutions": config.solutions,
             "seed": config.seed,
         }
-        if config.rollouts_from and not (it / "rollouts").exists():
-            source = Path(config.rollouts_from) / f"iter{t}" / "rollouts"
-            _reuse_rollouts(source, it / "rollouts", producer, config)
+        if not (it / "rollouts").exists():
+            questions = {e.id for e in train}
+            for source in rollout_sources(config):
+                if _reuse_rollouts(
+                    Path(source) / f"iter{t}" / "rollouts", it / "rollouts", producer, questions, config
+                ):
+                    break
         store = RolloutStore(it / "rollouts", producer=producer)
         stats: dict[str, Any] = {"iteration": t, "policy": str(policy), "reference": str(policy)}
         if (it / REUSED_FILE).exists():
