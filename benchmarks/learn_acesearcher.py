@@ -330,12 +330,20 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
             "log-ratio (TRL's `rewards/chosen`, over the logged steps after the first) says whether the preferred "
             "completions gained or lost likelihood; a copied iteration keeps the minutes of the run that trained it.",
         ]
-        for t, source in sorted((results["mdpo"].get("iterations_reused_from") or {}).items()):
+        copied = results["mdpo"].get("iterations_reused_from") or {}
+        for t, source in sorted(copied.items()):
             lines += [
                 "",
                 f"Iteration {t} was trained by the run with the same settings up to it, and copied: "
                 f"`{short(source)}`.",
             ]
+        for it in iterations:
+            if it.get("rollouts_reused_from") and str(it["iteration"]) not in copied:
+                lines += [
+                    "",
+                    f"Iteration {it['iteration']} trained on rollouts another setting sampled from the same model "
+                    f"with the same sampler, copied: `{short(it['rollouts_reused_from'])}`.",
+                ]
     lines += ["", exp.seconds_line(), "", *settings_block(results["settings"])]
     return "\n".join(lines)
 
