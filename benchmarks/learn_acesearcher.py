@@ -62,6 +62,8 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     trials_table,
 )
 
+from sleuth.train.rollouts import model_revision  # noqa: E402
+
 RESULTS = REPO / "docs" / "results" / "learn_acesearcher"
 
 
@@ -475,11 +477,13 @@ def main() -> None:
     evaluations: dict[str, dict[str, Any]] = {"test": {}, "dev": {}}
     models: dict[str, str] = {}
 
-    def measure(stage: str, model: Path) -> None:
+    def measure(stage: str, model: Path, same_as: Path | None = None) -> None:
+        """Evaluate ``model`` on both splits; ``same_as``: a directory holding the same weights (the iteration a
+        copied one came from), whose cached evaluations stand for this model's."""
         models[stage] = str(model)
         with ModelServer(model, args.engine, args.llm_options) as server:
             for split, examples in splits.items():
-                key = {**eval_key, "model": str(model), "questions": len(examples)}
+                key = {**eval_key, "model": str(same_as or model), "questions": len(examples)}
                 run = functools.partial(evaluate, server, examples, args.index, agent)
                 evaluations[split][stage] = exp.evaluate(stage, split, key, run)
 
@@ -550,7 +554,12 @@ def main() -> None:
             if metrics.exists():
                 it["chosen"] = chosen_likelihood(json.loads(metrics.read_text()).get("log_history") or [])
             it["seconds"] = stats.get("seconds") or {}
-        measure(f"mdpo-{it['iteration']}", mdpo_dir / f"iter{it['iteration']}" / "model")
+        source = (summary.get("iterations_reused_from") or {}).get(str(it["iteration"]))
+        model = mdpo_dir / f"iter{it['iteration']}" / "model"
+        same_as = Path(source) / "model" if source else None
+        if same_as and model_revision(same_as) != model_revision(model):  # the source was trained again since
+            same_as = None
+        measure(f"mdpo-{it['iteration']}", model, same_as)
 
     names = list(evaluations["test"])
     comparisons = [("sft", "base"), *[(n, "sft") for n in names if n.startswith("mdpo")]]
