@@ -257,6 +257,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         nll_weight=s.get("nll_weight", 0.0),
         fresh_questions=s.get("fresh_questions", False),
         later_learning_rate=s.get("later_dpo_lr"),
+        beta=s.get("dpo_beta", MDPOConfig.beta),
         rollouts_from=tuple(s.get("rollouts_from", ())),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
@@ -410,6 +411,9 @@ def main() -> None:
         "samples the same prompts each iteration)",
     )
     parser.add_argument(
+        "--dpo-beta", type=float, default=None, help="DPO beta (paper and default: 0.1; the released 8B config: 0.5)"
+    )
+    parser.add_argument(
         "--later-dpo-lr",
         type=float,
         default=None,
@@ -523,6 +527,8 @@ def main() -> None:
         s["fresh_questions"] = mdpo_key["fresh_questions"] = True
     if args.later_dpo_lr is not None:  # likewise
         s["later_dpo_lr"] = mdpo_key["later_dpo_lr"] = args.later_dpo_lr
+    if args.dpo_beta is not None:  # likewise
+        s["dpo_beta"] = mdpo_key["dpo_beta"] = args.dpo_beta
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     # iteration 1 samples from the SFT model whatever the DPO settings, and iteration t from a model a sibling may
