@@ -278,10 +278,14 @@ def _reuse_rollouts(
     if others:  # build_pairs takes every rollout of the store: another question block must not leak in
         _log(config, f"rollouts_from: {source} holds {len(others)} questions this iteration does not sample; sampling")
         return False
-    shutil.copytree(source, target)
-    (target / STORE_MANIFEST).write_text(json.dumps(ours, indent=2) + "\n")  # this run's producer from now on
+    # copied aside and renamed, with this run's producer, so that a kill never leaves a store a resumed run refuses
+    partial = target.with_name(target.name + ".copying")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial)
+    (partial / STORE_MANIFEST).write_text(json.dumps(ours, indent=2) + "\n")
     # a resumed iteration finds the copy already there: the record of where it came from outlives this call
     _write_json(target.parent / REUSED_FILE, {"rollouts_reused_from": str(source)})
+    partial.rename(target)
     _log(config, f"rollouts_from: reusing {source} ({len(RolloutStore(target))} rollouts)")
     return True
 
