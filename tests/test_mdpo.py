@@ -572,6 +572,18 @@ def test_a_killed_run_resumes_without_resampling(
     assert again.paths == [] and summary["iterations"][0]["iteration"] == 1
 
 
+def _samples_its_own(config: MDPOConfig, out: Path, first: MDPOConfig, retriever: Any) -> dict[str, Any]:
+    """Run ``config`` in ``out`` with ``rollouts_from`` = ``first``'s run; assert it copied nothing and sampled its
+    own rollouts; its iteration-1 stats."""
+    config.output_dir, config.rollouts_from = str(out), first.output_dir
+    factory = Factory()
+    train_mdpo(config, llm_factory=factory, retriever=retriever)
+    assert factory.llms[0].prompts
+    stats = json.loads((out / "iter1" / "stats.json").read_text())
+    assert "rollouts_reused_from" not in stats
+    return stats
+
+
 def test_another_dpo_setting_reuses_the_first_runs_rollouts(tmp_path: Path, tiny_model_dir: Path) -> None:
     retriever = ListRetriever(passages("Ann was born in Paris."))
     first = _run_config(tmp_path, tiny_model_dir, iterations=1, eval_initial=False)
@@ -610,12 +622,8 @@ def test_another_dpo_setting_reuses_the_first_runs_rollouts(tmp_path: Path, tiny
 
     # another sampler setting (m') has another producer: nothing is copied, the run samples its own
     third = _run_config(tmp_path, tiny_model_dir, iterations=1, eval_initial=False, solutions=2)
-    third.output_dir, third.rollouts_from = str(tmp_path / "run-m2"), first.output_dir
-    factory = Factory()
-    train_mdpo(third, llm_factory=factory, retriever=retriever)
-    assert factory.llms[0].prompts
-    stats = json.loads((tmp_path / "run-m2" / "iter1" / "stats.json").read_text())
-    assert "rollouts_reused_from" not in stats and stats["rollouts"] == 4 * 2 * 2
+    stats = _samples_its_own(third, tmp_path / "run-m2", first, retriever)
+    assert stats["rollouts"] == 4 * 2 * 2
 
 
 def test_a_later_iteration_reuses_rollouts_of_the_same_weights_elsewhere(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -648,12 +656,7 @@ def test_a_later_iteration_reuses_rollouts_of_the_same_weights_elsewhere(tmp_pat
     fresh = _run_config(
         tmp_path, tiny_model_dir, iterations=1, eval_initial=False, train_limit=2, fresh_questions=True
     )
-    fresh.output_dir, fresh.rollouts_from = str(tmp_path / "run-fresh"), first.output_dir
-    factory = Factory()
-    train_mdpo(fresh, llm_factory=factory, retriever=retriever)
-    assert factory.llms[0].prompts
-    stats = json.loads((tmp_path / "run-fresh" / "iter1" / "stats.json").read_text())
-    assert "rollouts_reused_from" not in stats and stats["rollouts"] == 2 * 2 * 3
+    assert _samples_its_own(fresh, tmp_path / "run-fresh", first, retriever)["rollouts"] == 2 * 2 * 3
 
 
 def test_fresh_questions_give_each_iteration_its_own_block(tmp_path: Path, tiny_model_dir: Path) -> None:
