@@ -324,6 +324,68 @@ def difference_table(differences: dict[str, dict[str, dict[str, float]]], metric
     return lines
 
 
+def rollout_steps(out: Path, log: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Per online-RL step, from the rollouts it trained on (``OUT/rollouts/step-*``): episodes, reward mean and
+    (population) std, the share of episodes with a reward other than 0 and above 0, the groups and how many of them
+    are *mixed* (rewards not all equal: GRPO's advantages are non-zero only there; a one-episode group never is),
+    and the mean of each reward component; with the trainer's ``log``, also the step's KL and seconds."""
+    from statistics import fmean, pstdev
+
+    from sleuth.train.rollouts import RolloutStore
+
+    logged = {r["step"]: r for r in log or []}
+    rows = []
+    for step_dir in sorted((out / "rollouts").glob("step-*")):
+        rollouts = list(RolloutStore(step_dir))
+        if not rollouts:
+            continue
+        rewards = [float(r.extra.get("reward", 0.0)) for r in rollouts]
+        groups: dict[str, set[float]] = {}
+        for r, reward in zip(rollouts, rewards, strict=True):
+            groups.setdefault(r.group, set()).add(reward)
+        components: dict[str, list[float]] = {}
+        for r in rollouts:
+            for key, value in (r.extra.get("components") or {}).items():
+                if isinstance(value, int | float):
+                    components.setdefault(key, []).append(float(value))
+        step = int(step_dir.name.split("-")[1])
+        entry = logged.get(step, {})
+        rows.append(
+            {
+                "step": step,
+                "episodes": len(rewards),
+                "mean": fmean(rewards),
+                "std": pstdev(rewards),
+                "nonzero": sum(r != 0 for r in rewards) / len(rewards),
+                "positive": sum(r > 0 for r in rewards) / len(rewards),
+                "groups": len(groups),
+                "mixed_groups": sum(len(v) > 1 for v in groups.values()),
+                "components": {k: fmean(v) for k, v in components.items()},
+                "kl": entry.get("kl"),
+                "seconds": entry.get("seconds"),
+            }
+        )
+    return rows
+
+
+def step_table(rows: list[dict[str, Any]], components: Sequence[tuple[str, str]], groups: bool) -> list[str]:
+    """Markdown rows of :func:`rollout_steps`: ``components`` are (column title, component key) pairs; ``groups``
+    adds the mixed-group count (for group-relative advantages; PPO has one episode a group)."""
+    titles = [t for t, _ in components] + (["groups with non-zero advantage"] if groups else [])
+    head = ["step", "episodes", "reward mean", "reward std", "reward ≠ 0", "reward > 0", *titles, "KL", "seconds"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for r in rows:
+        cells = [str(r["step"]), str(r["episodes"]), f"{r['mean']:+.3f}", f"{r['std']:.3f}"]
+        cells += [f"{100 * r['nonzero']:.0f}%", f"{100 * r['positive']:.0f}%"]
+        cells += [f"{r['components'][k]:.3f}" if k in r["components"] else "–" for _, k in components]
+        if groups:
+            cells.append(f"{r['mixed_groups']} / {r['groups']}")
+        cells.append(f"{r['kl']:.4f}" if r.get("kl") is not None else "–")
+        cells.append(f"{r['seconds']:.0f}" if r.get("seconds") is not None else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def trials_table(trials: list[dict[str, Any]], varying_only: bool = True) -> list[str]:
     """Markdown rows of every setting tried, with its dev result per stage (only the settings that differ)."""
     if not trials:

@@ -63,9 +63,11 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     base_model,
     difference_table,
     plot,
+    rollout_steps,
     settings_block,
     short,
     stage_table,
+    step_table,
     trials_table,
 )
 
@@ -339,6 +341,7 @@ def main() -> None:
 
     log = grpo["log"]
     step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
+    steps = rollout_steps(Path(grpo["dir"]), log)
     models = {stage: short(ev["model"]) for stage, ev in test.items()}
     g = s["grpo"]
     lines = exp.header(
@@ -351,6 +354,16 @@ def main() -> None:
     )
     lines += ["## Test (held out)", "", *stage_table(test, METRICS, models), ""]
     lines += [*difference_table(differences["test"], METRICS), ""]
+    lines += [
+        "## GRPO steps",
+        "",
+        "Reward over each step's episodes, from the rollouts the step trained on, and the mean of each component "
+        "(format, accuracy, relevance, bonus: arena.md §4.1). A group's advantages are non-zero only when its G "
+        "rewards differ; a component earned by no episode of a mixed group gives that component no direction.",
+        "",
+        *step_table(steps, [(c, c) for c in ("format", "accuracy", "relevance", "bonus")], groups=True),
+        "",
+    ]
     lines += ["## Dev", "", *stage_table(evaluations["dev"], METRICS), ""]
     lines += [*difference_table(differences["dev"], METRICS), ""]
     lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
@@ -364,6 +377,7 @@ def main() -> None:
             "differences": differences,
             "warmup": warm,
             "training": grpo,
+            "steps": steps,
             "trials": trials,
         },
         "\n".join(lines),

@@ -57,9 +57,11 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     copy_tree_atomic,
     difference_table,
     plot,
+    rollout_steps,
     settings_block,
     short,
     stage_table,
+    step_table,
     trials_table,
 )
 
@@ -256,55 +258,6 @@ def gold_accuracy(generator: Any, examples: list[Any], world: Path, agent: Any) 
     gold = [[corpus[i] for i in e.supporting_ids if i in corpus] for e in examples]
     scored = score(generator, examples, gold, agent)
     return {"per_example": {"genacc": scored["per_example"]["acc"]}, "answers": scored["answers"]}
-
-
-def step_rewards(out: Path, log: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Per PPO step, from the rollouts it trained on: reward mean and std, the share of episodes with a reward
-    other than 0 (PPO has no groups: an all-zero step teaches only through the KL term), and the mean of each
-    reward component; with the trainer's ``log``, also the step's KL to the reference and its seconds."""
-    from statistics import pstdev
-
-    from sleuth.train.rollouts import RolloutStore
-
-    logged = {r["step"]: r for r in log or []}
-    rows = []
-    for step_dir in sorted((out / "rollouts").glob("step-*")):
-        extras = [r.extra for r in RolloutStore(step_dir)]
-        rewards = [float(e.get("reward", 0.0)) for e in extras]
-        if not rewards:
-            continue
-        row: dict[str, Any] = {
-            "step": int(step_dir.name.split("-")[1]),
-            "episodes": len(rewards),
-            "mean": mean(rewards),
-            "std": pstdev(rewards),
-            "nonzero": sum(r != 0 for r in rewards) / len(rewards),
-            "positive": sum(r > 0 for r in rewards) / len(rewards),
-        }
-        for key in ("acc_s3", "acc_naive", "selected"):
-            values = [float(e["components"][key]) for e in extras if key in (e.get("components") or {})]
-            row[key] = mean(values) if values else None
-        entry = logged.get(row["step"], {})
-        row["kl"], row["seconds"] = entry.get("kl"), entry.get("seconds")
-        rows.append(row)
-    return rows
-
-
-def step_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "| step | episodes | reward mean | reward std | reward ≠ 0 | reward > 0 | Acc(s3 docs) | Acc(naive) | KL "
-        "| seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        acc = [f"{r[k]:.3f}" if r[k] is not None else "–" for k in ("acc_s3", "acc_naive")]
-        kl = f"{r['kl']:.4f}" if r.get("kl") is not None else "–"
-        seconds = f"{r['seconds']:.0f}" if r.get("seconds") is not None else "–"
-        lines.append(
-            f"| {r['step']} | {r['episodes']} | {r['mean']:+.3f} | {r['std']:.3f} | {100 * r['nonzero']:.0f}% "
-            f"| {100 * r['positive']:.0f}% | {acc[0]} | {acc[1]} | {kl} | {seconds} |"
-        )
-    return lines
 
 
 def contexts(
@@ -560,7 +513,7 @@ def main() -> None:
     log = ppo["log"]
     step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
     rewarded = sum(1 for r in log if r.get("reward", 0.0) > 0)
-    steps = step_rewards(Path(ppo["dir"]), log)
+    steps = rollout_steps(Path(ppo["dir"]), log)
     models = {"gold passages": "–", "naive RAG": "–", "s3 before": short(searcher)}
     if warm is not None:
         models["s3 warm start"] = short(warm["model"])
@@ -608,7 +561,7 @@ def main() -> None:
         "Reward (Gain Beyond RAG) over each step's episodes, from the rollouts the step trained on; PPO has no "
         "groups, so the share of episodes with a reward other than 0 is what carries signal to the advantages.",
         "",
-        *step_table(steps),
+        *step_table(steps, [("Acc(s3 docs)", "acc_s3"), ("Acc(naive)", "acc_naive")], groups=False),
         "",
     ]
     lines += ["## Dev", "", *stage_table(views["dev"], ["genacc"]), ""]

@@ -12,7 +12,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from harness import Experiment, difference_table, key_hash, stage_table, trials_table  # noqa: E402
+from harness import (  # noqa: E402
+    Experiment,
+    difference_table,
+    key_hash,
+    rollout_steps,
+    stage_table,
+    step_table,
+    trials_table,
+)
 
 
 def test_stage_runs_once_per_key_and_refuses_other_settings(tmp_path: Path) -> None:
@@ -197,3 +205,32 @@ def test_acesearcher_chosen_likelihood_skips_the_step_before_any_update() -> Non
     assert (got["steps"], got["negative"], got["logps_first"], got["logps_last"]) == (3, 2, -4.0, -9.0)
     assert got["mean"] == pytest.approx(-0.2)
     assert chosen_likelihood(log[:1]) is None and chosen_likelihood([]) is None
+
+
+def test_rollout_steps_count_mixed_groups_and_average_components(tmp_path: Path) -> None:
+    from sleuth.records import Example, Trace
+    from sleuth.train.rollouts import Rollout, RolloutStore
+
+    def step(index: int, rewards: dict[str, list[float]]) -> None:
+        store = RolloutStore(tmp_path / "rollouts" / f"step-{index:05d}", producer={"method": "arena", "step": index})
+        rows = []
+        for group, values in rewards.items():
+            for sample, reward in enumerate(values):
+                trace = Trace(example=Example(id=group, question="q?", answers=["a"]), method="arena")
+                extra = {"reward": reward, "components": {"format": 1.0, "relevance": reward - 1.0}}
+                rows.append(Rollout(f"{group}#{sample}", group, sample, trace, extra))
+        store.append(rows)
+
+    step(0, {"g1": [1.0, 1.0], "g2": [1.0, 2.5]})  # g1 tied: no advantage; g2 mixed
+    step(1, {"g1": [0.0, 0.0], "g2": [0.0, 0.0]})
+    log = [{"step": 0, "kl": 0.0, "seconds": 12.0}, {"step": 1, "kl": 0.25, "seconds": 10.0}]
+    rows = rollout_steps(tmp_path, log)
+    assert [(r["step"], r["episodes"], r["groups"], r["mixed_groups"]) for r in rows] == [(0, 4, 2, 1), (1, 4, 2, 0)]
+    assert rows[0]["mean"] == pytest.approx(1.375) and rows[0]["std"] == pytest.approx(0.649519, abs=1e-6)
+    assert rows[0]["nonzero"] == 1.0 and rows[1]["nonzero"] == 0.0 and rows[1]["positive"] == 0.0
+    assert rows[0]["components"] == {"format": 1.0, "relevance": pytest.approx(0.375)}
+    table = step_table(rows, [("relevance", "relevance"), ("bonus", "bonus")], groups=True)
+    assert table[0].startswith("| step | episodes | reward mean") and "groups with non-zero advantage" in table[0]
+    assert table[2] == "| 0 | 4 | +1.375 | 0.650 | 100% | 100% | 0.375 | – | 1 / 2 | 0.0000 | 12 |"
+    assert table[3].endswith("| 0 / 2 | 0.2500 | 10 |")
+    assert "groups with" not in step_table(rows, [], groups=False)[0]
