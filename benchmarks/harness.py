@@ -21,6 +21,7 @@ dev metrics to ``RESULTS/trials.json`` (kept across work directories), and the r
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import platform
@@ -70,6 +71,89 @@ def copy_tree_atomic(source: Path, target: Path, ignore: Callable[[str, list[str
     shutil.rmtree(partial, ignore_errors=True)
     shutil.copytree(source, partial, ignore=ignore)
     partial.rename(target)
+
+
+def parse_sized(parser: argparse.ArgumentParser, full: dict[str, Any]) -> argparse.Namespace:
+    """Parse the command line of a benchmark that has ``--smoke`` and ``--full``: with ``--full`` the defaults of
+    the flags in ``full`` (argparse destinations) become its GPU sizes, while a flag given on the command line still
+    wins (``--full --steps 20``)."""
+    parser.add_argument(
+        "--full", action="store_true", help="sized for a GPU (not run on the 2-core CPU): " + _sizes(full)
+    )
+    args = parser.parse_args()
+    if args.full:
+        if args.smoke:
+            parser.error("--smoke and --full exclude each other")
+        parser.set_defaults(**full)
+        args = parser.parse_args()
+    return args
+
+
+def _sizes(full: dict[str, Any]) -> str:
+    return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in full.items()).replace("%", "%%")
+
+
+def run_dirs(name: str, args: argparse.Namespace, results: Path) -> tuple[Path, Path]:
+    """The working and results directories of benchmark ``name`` (``learn_arena``): ``--work`` / ``--results`` when
+    given; else ``runs/learn-arena`` and the committed ``results``, ``runs/learn-arena-smoke`` and a results
+    directory inside it with ``--smoke``, ``runs/learn-arena-full`` and ``results/full`` with ``--full`` (a GPU run's
+    report sits beside the CPU one and never mixes its stages with the CPU run's)."""
+    variant = "-smoke" if args.smoke else "-full" if getattr(args, "full", False) else ""
+    work = args.work or REPO / "runs" / (name.replace("_", "-") + variant)
+    if args.results:
+        return work, args.results
+    return work, work / "results" if args.smoke else results / "full" if variant else results
+
+
+def _without_steps(key: dict[str, Any], group: str) -> dict[str, Any]:
+    return {**key, group: {k: v for k, v in key[group].items() if k != "steps"}}
+
+
+def _after(name: str, done: int) -> bool:
+    """Whether ``name`` is the rollout directory of a step after the first ``done`` (``step-00006`` is step 7)."""
+    return name.startswith("step-") and name[5:].isdigit() and int(name[5:]) >= done
+
+
+def continue_online_rl(exp: Experiment, out: Path, key: dict[str, Any], group: str) -> str | None:
+    """Start an online-RL stage (s3's PPO, ARENA's GRPO: :mod:`sleuth.train.online_rl`) from the furthest checkpoint
+    of a sibling stage ``group-*`` whose key equals ``key`` on every setting but ``key[group]["steps"]`` and that has
+    trained at most this run's steps (``--steps 10`` after a ``--steps 4`` run; ``--steps 6`` from a ``--steps 8``
+    run killed after its step-6 checkpoint): copy its checkpoint, log and rollouts into ``out`` and the trainer
+    resumes at that step. Step t of the loop depends only on those settings and steps 1..t-1 (the learning rates are
+    constant after their warm-ups, the questions of a step come from one seeded order, the checkpoint carries the
+    random streams), so the copy is what this run would train. Returns the source directory, or None when no
+    sibling fits or ``out`` already has a checkpoint of its own."""
+    if (out / "checkpoint" / "state.json").exists():
+        return None
+    key = json.loads(json.dumps(key, default=str))  # as the stage records store it
+    best: tuple[int, Path] | None = None
+    for name, theirs in exp.stage_keys(group, unfinished=True).items():
+        source = exp.work / name
+        state = source / "checkpoint" / "state.json"
+        if name == out.name or _without_steps(theirs, group) != _without_steps(key, group) or not state.exists():
+            continue
+        done = json.loads(state.read_text())["step"]
+        if 0 < done <= key[group]["steps"] and (best is None or done > best[0]):
+            best = (done, source)
+    if best is None:
+        return None
+    done, source = best
+    print(f"[{exp.name}] {group}: continuing from step {done} of {source} (the same settings but the step count)")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("checkpoint", "rollouts"):
+        # a killed run's rollouts of the steps after its checkpoint are redone here, not copied
+        copy_tree_atomic(source / name, out / name, ignore=lambda _, names: [n for n in names if _after(n, done)])
+    for name in ("log.jsonl", "naive_rag_cache.jsonl"):
+        if (source / name).exists():
+            shutil.copy2(source / name, out / name)
+    return str(source)
+
+
+def online_rl_result(out: Path, summary: dict[str, Any], continued: str | None) -> dict[str, Any]:
+    """An online-RL stage's record: its directory and model, the trainer's summary, its per-step log and the run
+    its first steps were continued from (:func:`continue_online_rl`), if any."""
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log, "continued_from": continued}
 
 
 class Experiment:

@@ -28,12 +28,15 @@ paper has the backbone write it). Evaluated as its own stage, so "GRPO - warm st
 ``--format-warmup 0`` runs GRPO from the base model, as the paper does.
 
 Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resumes; each GRPO setting (``--steps``,
-``--prompts``, ``--group``, ``--lr``) trains into its own directory next to the others, while a changed setting of
+``--prompts``, ``--group``, ``--lr``, ``--accuracy``) trains into its own directory next to the others (a setting that
+differs from another only in ``--steps`` continues that run's furthest checkpoint at or below its own step count:
+``--steps 10`` after ``--steps 4`` trains 6 new steps, :func:`harness.continue_online_rl`), while a changed setting of
 the warm start (``--format-warmup``, ``--warmup-lr``, and ``--train-questions``: the warm start takes the questions
 after GRPO's) is an error naming the files to remove (results of two settings are never mixed).
 
     python benchmarks/learn_arena.py            # about 40 minutes on 2 CPU cores with vLLM evaluations (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
+    python benchmarks/learn_arena.py --full     # sized for a GPU (FULL below; runs/learn-arena-full, results/full)
 
 Engines. ``--engine`` runs the evaluations on ``hf`` or on a vLLM server sleuth starts on each model (``vllm``, or a
 ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when vLLM is installed (``make vllm``), else
@@ -61,9 +64,13 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
     base_model,
+    continue_online_rl,
     difference_table,
+    online_rl_result,
+    parse_sized,
     plot,
     rollout_steps,
+    run_dirs,
     settings_block,
     short,
     stage_table,
@@ -76,6 +83,19 @@ TRAIN = ["hotpotqa/hotpotqa_train.json", "2wikimultihopqa/wikihop_train_preproce
 DEV = ["hotpotqa/hotpot.json", "2wikimultihopqa/wikihop.json", "musique/musique.json"]
 DEV_OFFSET = 100  # per dev file: the test slice is below, the dev slice from here on
 METRICS = ("em", "f1", "citation_precision", "citation_recall", "format_ok")
+# --full, for a GPU: every dev-file question the two slices can hold (300 each), the train files as far as the warm
+# start leaves them (hotpotqa_train and musique_train have 100 questions), all 10 given paragraphs of HotpotQA and
+# 2Wiki, the paper's G = 7, and 30 steps x 16 questions x 7 = 3,360 episodes (21x the CPU run's 160)
+FULL = {
+    "test_questions": 100,
+    "dev_questions": 100,
+    "train_questions": 80,
+    "format_warmup": 48,
+    "max_references": 10,
+    "steps": 30,
+    "prompts": 16,
+    "group": 7,
+}
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,6 +123,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "lora": not args.smoke,
             "micro_batch": 2,
             "save_steps": 2,
+            # keyed only when set, so the runs before the option keep their keys
+            **({"accuracy": args.accuracy} if args.accuracy != "em" else {}),
         },
     }
 
@@ -218,6 +240,12 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="G (paper: 7)")
     parser.add_argument("--max-references", type=int, default=6)
     parser.add_argument("--lr", type=float, default=5e-4, help="LoRA learning rate (paper: 3e-6, full fine-tuning)")
+    parser.add_argument(
+        "--accuracy",
+        choices=("em", "f1"),
+        default="em",
+        help="accuracy reward: EM (the paper's default) or token F1 (the paper's Table 6 variant, denser)",
+    )
     parser.add_argument("--format-warmup", type=int, default=32, help="warm-start questions (0: none, as the paper)")
     parser.add_argument("--warmup-lr", type=float, default=1e-4, help="full fine-tuning rate of the warm start")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
@@ -234,7 +262,7 @@ def main() -> None:
         help="GRPO rollouts from the live policy (hf) or a vLLM server reloading the LoRA adapter each step (vllm); "
         "auto: vllm on a GPU with vLLM installed, else hf",
     )
-    args = parser.parse_args()
+    args = parse_sized(parser, FULL)
     from sleuth.llm.vllm_server import gpu_visible
     from sleuth.train.mdpo import auto_engine
 
@@ -250,8 +278,8 @@ def main() -> None:
     from sleuth.train.arena_rl import ArenaRLConfig, train_arena
 
     s = settings(args)
-    work = args.work or REPO / "runs" / ("learn-arena-smoke" if args.smoke else "learn-arena")
-    exp = Experiment("learn_arena", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed)
+    work, results = run_dirs("learn_arena", args, RESULTS)
+    exp = Experiment("learn_arena", work, results, args.seed)
     base = base_model(args.smoke, exp.work)
     agent = ArenaConfig(
         sampling=Sampling(max_new_tokens=s["agent"]["max_new_tokens"]), max_references=s["agent"]["max_references"]
@@ -300,6 +328,7 @@ def main() -> None:
     def train() -> dict[str, Any]:
         out = exp.stage_dir("grpo", grpo_key)
         g = s["grpo"]
+        continued = continue_online_rl(exp, out, grpo_key, "grpo")
         config = ArenaRLConfig(
             model=str(start),
             output_dir=str(out),
@@ -315,12 +344,12 @@ def main() -> None:
             save_steps=g["save_steps"],
             seed=args.seed,
             agent=agent,
+            accuracy=g.get("accuracy", "em"),
         )
         if args.rollouts == "vllm":  # the adapter trains on top of `start`, so the server serves `start`
             config.rollout_server = f"vllm:{start}?enable_lora=1&max_lora_rank={config.lora_r}"
         summary = train_arena(config)
-        log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-        return {"dir": str(out), "model": str(out / "model"), "summary": summary, "log": log}
+        return online_rl_result(out, summary, continued)
 
     # one stage and directory per GRPO setting: settings tried on dev sit side by side on the same warm start
     grpo = exp.stage(exp.stage_dir("grpo", grpo_key).name, grpo_key, train)
@@ -350,7 +379,13 @@ def main() -> None:
         f"dev: {e['dev_per_file']} per dev file from question {e['dev_offset'] + 1} on ({len(splits['dev'])}). "
         f"{len(log)} GRPO steps x {g['prompts']} questions x G={g['group']} ({step_seconds:.0f} s of steps); format "
         f"warm start on {warm['records'] if warm else 0} questions. Engine {args.engine}, rollouts {args.rollouts}. "
-        "Means with 95% bootstrap CIs over questions (1000 resamples). Settings are compared on dev (F1) only.",
+        "Means with 95% bootstrap CIs over questions (1000 resamples). Settings are compared on dev (F1) only."
+        + (
+            f" The first steps were trained by the run {short(grpo['continued_from'])} and continued here "
+            "(the same settings but the step count; its steps' times are counted)."
+            if grpo.get("continued_from")
+            else ""
+        ),
     )
     lines += ["## Test (held out)", "", *stage_table(test, METRICS, models), ""]
     lines += [*difference_table(differences["test"], METRICS), ""]

@@ -14,8 +14,8 @@ is reported and never used to choose anything. Stages, caching and the report co
 a rerun resumes; each PPO setting (``--steps``, ``--prompts``, ``--lr``, ``--critic-lr``) trains into its own
 directory next to the others, while a changed setting of the world is an error naming the files to remove (results
 of two settings are never mixed). A PPO setting that differs from another only in ``--steps`` starts from that
-run's furthest checkpoint at or below its own step count (:func:`continue_ppo`): ``--steps 8`` after ``--steps 2``
-trains 6 new steps.
+run's furthest checkpoint at or below its own step count (:func:`harness.continue_online_rl`): ``--steps 8`` after
+``--steps 2`` trains 6 new steps.
 
 Searcher warm start (a deviation, off by default: ``--searcher-warmup 0`` runs PPO from the base searcher, as the
 paper does). The untrained 135M searcher never finds the second hop of these 2-3-hop questions (it beat naive RAG
@@ -31,6 +31,7 @@ and why. Each warm-start setting trains into its own directory next to the other
 
     python benchmarks/learn_s3.py            # CPU: expect over an hour at the defaults (see docs)
     python benchmarks/learn_s3.py --smoke    # tiny random searcher, a few questions, 1 step
+    python benchmarks/learn_s3.py --full --generator MODEL   # sized for a GPU (FULL below; runs/learn-s3-full)
 
 ``--engine`` runs the frozen generator (one server for the whole run) and the searcher's evaluations on ``hf`` or on
 vLLM servers sleuth starts (``vllm``, or a ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when
@@ -54,10 +55,13 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
     base_model,
-    copy_tree_atomic,
+    continue_online_rl,
     difference_table,
+    online_rl_result,
+    parse_sized,
     plot,
     rollout_steps,
+    run_dirs,
     settings_block,
     short,
     stage_table,
@@ -68,49 +72,17 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 RESULTS = REPO / "docs" / "results" / "learn_s3"
 
 
-def _without_steps(key: dict[str, Any]) -> dict[str, Any]:
-    return {**key, "ppo": {k: v for k, v in key["ppo"].items() if k != "steps"}}
-
-
-def _after(name: str, done: int) -> bool:
-    """Whether ``name`` is the rollout directory of a step after the first ``done`` (``step-00006`` is step 7)."""
-    return name.startswith("step-") and name[5:].isdigit() and int(name[5:]) >= done
-
-
-def continue_ppo(exp: Experiment, out: Path, key: dict[str, Any]) -> str | None:
-    """Start a PPO stage from the furthest checkpoint of a sibling that equals ``key`` on every setting but the step
-    count and has trained at most this run's steps (``--steps 10`` after a ``--steps 2`` run; ``--steps 6`` from a
-    ``--steps 8`` run killed after its step-6 checkpoint): copy its checkpoint, log and rollouts into ``out`` and the
-    trainer resumes at that step. Step t of the loop depends only on those settings and steps 1..t-1 (the learning
-    rates are constant after their warm-ups, the questions of a step come from one seeded order, the checkpoint
-    carries the random streams), so the copy is what this run would train. Returns the source directory, or None
-    when no sibling fits or ``out`` already has a checkpoint of its own."""
-    import shutil
-
-    if (out / "checkpoint" / "state.json").exists():
-        return None
-    key = json.loads(json.dumps(key, default=str))  # as the stage records store it
-    best: tuple[int, Path] | None = None
-    for name, theirs in exp.stage_keys("ppo", unfinished=True).items():
-        source = exp.work / name
-        state = source / "checkpoint" / "state.json"
-        if name == out.name or _without_steps(theirs) != _without_steps(key) or not state.exists():
-            continue
-        done = json.loads(state.read_text())["step"]
-        if 0 < done <= key["ppo"]["steps"] and (best is None or done > best[0]):
-            best = (done, source)
-    if best is None:
-        return None
-    done, source = best
-    print(f"[{exp.name}] PPO: continuing from step {done} of {source} (the same settings but the step count)")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("checkpoint", "rollouts"):
-        # a killed run's rollouts of the steps after its checkpoint are redone here, not copied
-        copy_tree_atomic(source / name, out / name, ignore=lambda _, names: [n for n in names if _after(n, done)])
-    for name in ("log.jsonl", "naive_rag_cache.jsonl"):
-        if (source / name).exists():
-            shutil.copy2(source / name, out / name)
-    return str(source)
+# --full, for a GPU: the paper's 120 questions a step, 30 steps (3,600 episodes, 37x the CPU run's 96), a world with
+# 4,000 train questions, 200 test and 200 dev questions, and the searcher warm start on 256 gold transcripts (the
+# base 135M searcher scores 0 on every episode: training.md, s3 RL)
+FULL = {
+    "test_questions": 200,
+    "dev_questions": 200,
+    "train_questions": 4000,
+    "steps": 30,
+    "prompts": 120,
+    "searcher_warmup": 256,
+}
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -350,7 +322,7 @@ def main() -> None:
         help="generator and evaluations: hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed "
         "(hf with --smoke)",
     )
-    args = parser.parse_args()
+    args = parse_sized(parser, FULL)
     from sleuth.train.mdpo import auto_engine, close_llm, engine_spec
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
@@ -363,8 +335,8 @@ def main() -> None:
     from sleuth.train.s3_rl import S3RLConfig, train_s3
 
     s = settings(args)
-    work = args.work or REPO / "runs" / ("learn-s3-smoke" if args.smoke else "learn-s3")
-    exp = Experiment("learn_s3", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed)
+    work, results = run_dirs("learn_s3", args, RESULTS)
+    exp = Experiment("learn_s3", work, results, args.seed)
     searcher = base_model(args.smoke, exp.work)
     # frozen: never trained. benchmarks/s3_signal.py measures a candidate's ceiling (gold passages) - naive RAG gap
     generator_model = Path(args.generator) if args.generator else ensure_default_model()
@@ -445,7 +417,7 @@ def main() -> None:
         def train() -> dict[str, Any]:
             out = exp.stage_dir("ppo", ppo_key)
             p = s["ppo"]
-            continued = continue_ppo(exp, out, ppo_key)
+            continued = continue_online_rl(exp, out, ppo_key, "ppo")
             config = S3RLConfig(
                 model=str(start),
                 output_dir=str(out),
@@ -463,14 +435,7 @@ def main() -> None:
                 train_limit=ppo_key.get("train_limit"),
             )
             summary = train_s3(config, generator=generator())
-            log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-            return {
-                "dir": str(out),
-                "model": str(out / "model"),
-                "summary": summary,
-                "log": log,
-                "continued_from": continued,
-            }
+            return online_rl_result(out, summary, continued)
 
         # one stage and directory per PPO setting: settings tried on dev sit side by side on the same world
         ppo = exp.stage(exp.stage_dir("ppo", ppo_key).name, ppo_key, train)

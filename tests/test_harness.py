@@ -111,42 +111,46 @@ def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_pa
     assert ess([]) is None
 
 
-def test_s3_ppo_continues_from_the_furthest_sibling_checkpoint_it_can_use(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group", ["ppo", "grpo"])  # learn_s3's PPO, learn_arena's GRPO
+def test_online_rl_continues_from_the_furthest_sibling_checkpoint_it_can_use(tmp_path: Path, group: str) -> None:
     """That the continued run equals one trained straight through is the loop's resumption
     (tests/test_online_rl.py::test_a_resumed_ppo_run_restores_the_critic_and_its_optimizer); here: which sibling's
     checkpoint is picked (the furthest at or below this run's steps, finished or killed) and what is copied."""
-    from learn_s3 import continue_ppo
+    from harness import continue_online_rl
 
     exp = Experiment("t", tmp_path / "work", tmp_path / "results")
 
     def key(steps: int, lr: float = 1e-6) -> dict:
-        return {"searcher": "warm", "ppo": {"steps": steps, "prompts": 8, "lr": lr}, "seed": 0}
+        return {"searcher": "warm", group: {"steps": steps, "prompts": 8, "lr": lr}, "seed": 0}
+
+    def resume(exp: Experiment, out: Path, k: dict) -> str | None:
+        return continue_online_rl(exp, out, k, group)
 
     def finished(k: dict, done: int) -> None:
         def train() -> dict:
-            out = exp.stage_dir("ppo", k)
+            out = exp.stage_dir(group, k)
             (out / "checkpoint").mkdir(parents=True)
             (out / "checkpoint" / "state.json").write_text(json.dumps({"step": done}))
             (out / "rollouts" / f"step-{done - 1:05d}").mkdir(parents=True)
             (out / "log.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(done)))
             return {}
 
-        exp.stage(exp.stage_dir("ppo", k).name, k, train)
+        exp.stage(exp.stage_dir(group, k).name, k, train)
 
     finished(key(2), 2)
     finished(key(4), 4)
     finished(key(6, lr=1e-5), 6)  # another learning rate: never borrowed
     ten = key(10)
-    out = exp.stage_dir("ppo", ten)
-    assert continue_ppo(exp, out, ten) == str(exp.stage_dir("ppo", key(4)))
+    out = exp.stage_dir(group, ten)
+    assert resume(exp, out, ten) == str(exp.stage_dir(group, key(4)))
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 4
     assert (out / "rollouts" / "step-00003").is_dir() and len((out / "log.jsonl").read_text().splitlines()) == 4
-    assert continue_ppo(exp, out, ten) is None  # a checkpoint of its own: resumed by the trainer, not replaced
-    assert continue_ppo(exp, exp.stage_dir("ppo", key(3)), key(3)) == str(exp.stage_dir("ppo", key(2)))
-    assert continue_ppo(exp, exp.stage_dir("ppo", key(2)), key(2)) is None  # its own checkpoint: the trainer's
+    assert resume(exp, out, ten) is None  # a checkpoint of its own: resumed by the trainer, not replaced
+    assert resume(exp, exp.stage_dir(group, key(3)), key(3)) == str(exp.stage_dir(group, key(2)))
+    assert resume(exp, exp.stage_dir(group, key(2)), key(2)) is None  # its own checkpoint: the trainer's
     # a 12-step run killed after its step-8 checkpoint (the log and rollouts of step 9 were written) seeds a 9-step one
     twelve = key(12)
-    killed = exp.stage_dir("ppo", twelve)
+    killed = exp.stage_dir(group, twelve)
 
     def killed_after_step_8() -> dict:
         (killed / "checkpoint").mkdir(parents=True)
@@ -158,10 +162,10 @@ def test_s3_ppo_continues_from_the_furthest_sibling_checkpoint_it_can_use(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         exp.stage(killed.name, twelve, killed_after_step_8)
     nine = key(9)
-    out = exp.stage_dir("ppo", nine)
-    assert continue_ppo(exp, out, nine) == str(killed)
+    out = exp.stage_dir(group, nine)
+    assert resume(exp, out, nine) == str(killed)
     assert sorted(p.name for p in (out / "rollouts").iterdir())[-1] == "step-00007"
-    assert continue_ppo(exp, exp.stage_dir("ppo", key(7)), key(7)) == str(exp.stage_dir("ppo", key(4)))
+    assert resume(exp, exp.stage_dir(group, key(7)), key(7)) == str(exp.stage_dir(group, key(4)))
 
 
 def test_acesearcher_mdpo_with_more_iterations_copies_the_finished_ones(tmp_path: Path) -> None:
@@ -234,3 +238,35 @@ def test_rollout_steps_count_mixed_groups_and_average_components(tmp_path: Path)
     assert table[2] == "| 0 | 4 | +1.375 | 0.650 | 100% | 100% | 0.375 | – | 1 / 2 | 0.0000 | 12 |"
     assert table[3].endswith("| 0 / 2 | 0.2500 | 10 |")
     assert "groups with" not in step_table(rows, [], groups=False)[0]
+
+
+def test_full_sets_the_gpu_sizes_as_defaults_and_a_given_flag_still_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from harness import REPO, parse_sized, run_dirs
+
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--smoke", action="store_true")
+        parser.add_argument("--work", type=Path, default=None)
+        parser.add_argument("--results", type=Path, default=None)
+        parser.add_argument("--steps", type=int, default=4)
+        parser.add_argument("--group", type=int, default=4)
+        monkeypatch.setattr("sys.argv", ["learn_x.py", *argv])
+        return parse_sized(parser, {"steps": 30, "group": 7})
+
+    results = Path("/committed/learn_x")
+    plain = parse()
+    assert (plain.steps, plain.group, plain.full) == (4, 4, False)
+    assert run_dirs("learn_x", plain, results) == (REPO / "runs" / "learn-x", results)
+    full = parse("--full", "--steps", "12")
+    assert (full.steps, full.group) == (12, 7)  # the flag given wins over the GPU size
+    assert run_dirs("learn_x", full, results) == (REPO / "runs" / "learn-x-full", results / "full")
+    smoke = parse("--smoke")
+    assert run_dirs("learn_x", smoke, results) == (
+        REPO / "runs" / "learn-x-smoke",
+        REPO / "runs" / "learn-x-smoke" / "results",
+    )
+    assert run_dirs("learn_x", parse("--full", "--work", "/w"), results) == (Path("/w"), results / "full")
+    with pytest.raises(SystemExit):
+        parse("--smoke", "--full")
