@@ -20,7 +20,7 @@ curve and whether each stage's change is distinguishable from noise, not the pap
 
     python benchmarks/learn_acesearcher.py            # about 2 hours on 2 CPU cores with vLLM (docs/results)
     python benchmarks/learn_acesearcher.py --smoke    # tiny random model, a handful of questions, 1-2 steps
-    python benchmarks/learn_acesearcher.py --full     # 10x the data and the paper's k / N: sized for a GPU
+    python benchmarks/learn_acesearcher.py --full     # 10x the data and the paper's k / N: sized for a GPU (FULL)
     python benchmarks/learn_acesearcher.py --engine "vllm:{model}?max_num_seqs=64"   # a vLLM server per model
 
 Every stage is cached in the working directory (``runs/learn-acesearcher``) under the settings it depends on
@@ -54,8 +54,10 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     base_model,
     copy_tree_atomic,
     difference_table,
+    parse_sized,
     pct,
     plot,
+    run_dirs,
     settings_block,
     short,
     stage_table,
@@ -65,6 +67,14 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 from sleuth.train.rollouts import model_revision  # noqa: E402
 
 RESULTS = REPO / "docs" / "results" / "learn_acesearcher"
+# --full, for a GPU: 10x the SFT and RFT data, the paper's k = 10 and N = 15
+FULL = {
+    "sft_decompose_questions": 2000,
+    "sft_questions": 1000,
+    "rft_questions": 1000,
+    "k": 10,
+    "total_passages": 15,
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -426,16 +436,7 @@ def main() -> None:
         default="auto",
         help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
     )
-    parser.add_argument(
-        "--full",
-        action="store_true",
-        help="sized for a GPU (not run on the 2-core CPU): 2000 / 1000 SFT questions, 1000 RFT questions per "
-        "iteration, the paper's k = 10 and N = 15",
-    )
-    args = parser.parse_args()
-    if args.full:
-        args.sft_decompose_questions, args.sft_questions, args.rft_questions = 2000, 1000, 1000
-        args.k, args.total_passages = 10, 15
+    args = parse_sized(parser, FULL)
     from sleuth.agents.acesearcher import AceSearcherConfig
     from sleuth.data.synth import load_synth, synthesize
     from sleuth.llm import Sampling
@@ -445,10 +446,8 @@ def main() -> None:
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
     print(f"engine: {args.engine}", flush=True)
     s = settings(args)
-    work = args.work or REPO / "runs" / ("learn-acesearcher-smoke" if args.smoke else "learn-acesearcher")
-    exp = Experiment(
-        "learn_acesearcher", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed
-    )
+    work, results = run_dirs("learn_acesearcher", args, RESULTS)
+    exp = Experiment("learn_acesearcher", work, results, args.seed)
 
     world = work / "world"
 

@@ -30,6 +30,7 @@ the weighting matters, not the paper's numbers.
 
     python benchmarks/learn_exsearch.py              # about an hour on 2 CPU cores
     python benchmarks/learn_exsearch.py --smoke      # tiny random model, a handful of questions, 1 step
+    python benchmarks/learn_exsearch.py --full       # sized for a GPU (FULL below; runs/learn-exsearch-full)
     python benchmarks/learn_exsearch.py --engine vllm   # evaluations and E-step sampling on vLLM servers
 
 ``--engine`` runs the evaluations and the E-step sampling on ``hf`` or on a vLLM server sleuth starts on each model
@@ -57,7 +58,9 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     base_model,
     difference_table,
     key_hash,
+    parse_sized,
     plot,
+    run_dirs,
     settings_block,
     short,
     stage_table,
@@ -67,6 +70,18 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 RESULTS = REPO / "docs" / "results" / "learn_exsearch"
 FIREACT = REPO.parent / "shared" / "data" / "fireact" / "hotpotqa_react_trajectories.jsonl"
 METRICS = ("em", "f1")
+# --full, for a GPU: 1,000 E-step questions x K = 4 trajectories (best-of-8 each) per iteration, three iterations
+# (4,000 trajectories an iteration, 42x the CPU run's 96; the paper samples 10^4-10^5), a warm-up on 200 gold and
+# 100 FireAct trajectories, 200 test and 200 dev questions
+FULL = {
+    "test_questions": 200,
+    "dev_questions": 200,
+    "warmup_questions": 200,
+    "fireact": 100,
+    "em_questions": 1000,
+    "samples": 4,
+    "iterations": 3,
+}
 
 
 def lr(given: float | None, default: float) -> float:
@@ -259,7 +274,7 @@ def main() -> None:
         default="auto",
         help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
     )
-    args = parser.parse_args()
+    args = parse_sized(parser, FULL)
     if not args.arms or not set(args.arms) <= {"em", "uniform"}:
         parser.error(f"--arms takes em and/or uniform, not {args.arms}")
     from sleuth.train.mdpo import auto_engine
@@ -274,8 +289,8 @@ def main() -> None:
     from sleuth.train.exsearch_em import train_exsearch, train_weighted, warmup_records
 
     s = settings(args)
-    work = args.work or REPO / "runs" / ("learn-exsearch-smoke" if args.smoke else "learn-exsearch")
-    exp = Experiment("learn_exsearch", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed)
+    work, results = run_dirs("learn_exsearch", args, RESULTS)
+    exp = Experiment("learn_exsearch", work, results, args.seed)
     agent = ExSearchConfig(
         k=s["eval"]["k"],
         max_steps=4,

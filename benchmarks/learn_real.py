@@ -84,6 +84,7 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     base_model,
     difference_table,
     plot,
+    run_dirs,
     settings_block,
     short,
     stage_table,
@@ -330,8 +331,8 @@ def main() -> None:
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
     print(f"engine: {args.engine}", flush=True)
     s = settings(args)
-    work = args.work or REPO / "runs" / ("learn-real-smoke" if args.smoke else "learn-real")
-    exp = Experiment("learn_real", work, args.results or (work / "results" if args.smoke else RESULTS), args.seed)
+    work, results = run_dirs("learn_real", args, RESULTS)
+    exp = Experiment("learn_real", work, results, args.seed)
     agent = agent_config(s)
     agent_key = dataclasses.asdict(agent)
     sp = s["split"]
