@@ -34,7 +34,7 @@ differs from another only in ``--steps`` continues that run's furthest checkpoin
 the warm start (``--format-warmup``, ``--warmup-lr``, and ``--train-questions``: the warm start takes the questions
 after GRPO's) is an error naming the files to remove (results of two settings are never mixed).
 
-    python benchmarks/learn_arena.py            # about 40 minutes on 2 CPU cores with vLLM evaluations (see docs)
+    python benchmarks/learn_arena.py            # 4 steps: about 2 hours on 2 CPU cores from the base model (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
     python benchmarks/learn_arena.py --full     # sized for a GPU (FULL below; runs/learn-arena-full, results/full)
 
