@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import select
 import socket
 import threading
 import time
@@ -30,7 +31,7 @@ from sleuth.records import Passage  # noqa: E402
 from sleuth.retrieval.base import RetrievalError, Retriever  # noqa: E402
 from sleuth.retrieval.bm25 import BM25Retriever, build_bm25_index  # noqa: E402
 from sleuth.retrieval.remote import RemoteRetriever, load_remote  # noqa: E402
-from sleuth.serve import create_app  # noqa: E402
+from sleuth.serve import create_app, guarded_protocol, uvicorn_options  # noqa: E402
 from tests.test_bm25 import TOPICS, write_corpus  # noqa: E402
 
 TOKEN = "test-token-not-a-secret"
@@ -98,12 +99,23 @@ class CountRequests:
 
 
 @contextlib.contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """Run ``app`` with uvicorn on 127.0.0.1 and an ephemeral port in a thread; yield its base URL."""
+def serving(app: Any, **limits: Any) -> Iterator[str]:
+    """Run ``app`` with uvicorn on 127.0.0.1 and an ephemeral port in a thread; yield its base URL.
+
+    The server has the options ``run_server`` gives uvicorn (its guarded protocol); ``limits`` go to
+    :func:`sleuth.serve.uvicorn_options` (``head_timeout``, ``max_connections``).
+    """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+        **uvicorn_options(**limits),
+    )
     server = uvicorn.Server(config)  # signal handlers are only installed from the main thread: none here
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -320,6 +332,161 @@ def test_a_stalled_body_is_a_408_and_the_connection_is_closed(bm25: BM25Retrieve
         good_request_works(client, url)
     with pytest.raises(ValueError, match="body_timeout"):
         create_app(bm25, body_timeout=0)
+
+
+def _until_closed(socks: list[socket.socket], limit_s: float, trickle: socket.socket | None = None) -> list[Closed]:
+    """Read every socket until the server closes it (or ``limit_s`` passes); meanwhile send ``trickle`` one byte of a
+    never-ending header every 0.2 s. A reset counts as closed (a server closing with unread bytes sends RST)."""
+    start = time.monotonic()
+    results = [Closed() for _ in socks]
+    pending = dict(enumerate(socks))
+    trickled = 0
+    while pending and time.monotonic() - start < limit_s:
+        if trickle is not None and trickle in pending.values():
+            with contextlib.suppress(OSError):
+                trickle.send(b"X-Slow: abcdefgh\r\n"[trickled % 18 : trickled % 18 + 1])
+                trickled += 1
+        readable, _, _ = select.select(list(pending.values()), [], [], 0.2)
+        for sock in readable:
+            i = socks.index(sock)
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                chunk = b""
+                results[i].reset = True
+            if chunk:
+                results[i].data += chunk
+            else:
+                results[i].after = time.monotonic() - start
+                del pending[i]
+    return results
+
+
+@dataclass
+class Closed:
+    data: bytes = b""
+    after: float | None = None  # seconds until the server closed the connection; None: still open
+    reset: bool = False
+
+    @property
+    def status(self) -> int | None:
+        return int(self.data.split(b" ", 2)[1]) if self.data.startswith(b"HTTP/1.1 ") else None
+
+    def detail(self) -> str:
+        head, _, body = self.data.partition(b"\r\n\r\n")
+        assert b"content-type: application/json" in head.lower(), self.data
+        detail = json.loads(body)["detail"]
+        assert isinstance(detail, str)
+        return detail
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+PARTIAL_HEAD = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Len"
+
+
+def test_a_stalled_or_trickling_request_head_is_cut_off(bm25: BM25Retriever, client: httpx.Client) -> None:
+    # The reproduction: without a head timeout, a silent connection was still open at 40 s and one sending a byte
+    # every 2 s at 44 s. With head_timeout=1 every one of these is closed soon after 1 s.
+    with serving(create_app(bm25), head_timeout=1.0) as url:
+        port = _port(url)
+        silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+        partial = socket.create_connection(("127.0.0.1", port), timeout=5)
+        trickling = socket.create_connection(("127.0.0.1", port), timeout=5)
+        kept_alive = socket.create_connection(("127.0.0.1", port), timeout=5)
+        socks = [silent, partial, trickling, kept_alive]
+        try:
+            partial.sendall(PARTIAL_HEAD)
+            trickling.sendall(b"GET /health HTTP/1.1\r\n")
+            # A first request completes on the kept-alive connection; the head of its second never does.
+            kept_alive.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = b""
+            while b"}" not in first:  # the /health body is one JSON object
+                chunk = kept_alive.recv(65536)
+                assert chunk, first
+                first += chunk
+            assert first.startswith(b"HTTP/1.1 200 "), first
+            kept_alive.sendall(b"GET /hea")
+            results = _until_closed(socks, limit_s=10, trickle=trickling)
+        finally:
+            for sock in socks:
+                sock.close()
+        for name, result in zip(["silent", "partial", "trickling", "kept-alive"], results, strict=True):
+            assert result.after is not None, f"{name}: still open after 10 s"
+            assert 0.5 < result.after < 8.0, (name, result.after)
+        assert results[0].data == b""  # nothing was asked: closed without an answer
+        for result, sent in [(results[1], len(PARTIAL_HEAD)), (results[3], len(b"GET /hea"))]:
+            assert result.status == 408
+            assert result.detail() == f"request head not complete within 1 s ({sent} bytes arrived)"
+        assert results[2].status == 408 and "request head not complete within 1 s" in results[2].detail()
+        good_request_works(client, url)  # the server itself is unharmed
+    with pytest.raises(ValueError, match="head_timeout"):
+        guarded_protocol(0, 10)
+    with pytest.raises(ValueError, match="max_connections"):
+        guarded_protocol(1.0, 0)
+
+
+def test_stalled_connections_beyond_the_cap_cannot_lock_clients_out(bm25: BM25Retriever) -> None:
+    # The reproduction, scaled down: 300 stalled connections against 256 descriptors locked every client out. Here 40
+    # stall against a cap of 32: no more than 32 are ever held, all are cut off, then a fresh client is served.
+    with serving(create_app(bm25), head_timeout=1.0, max_connections=32) as url:
+        port = _port(url)
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
+        try:
+            for sock in socks:
+                with contextlib.suppress(OSError):  # a refused connection may already be closed
+                    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            results = _until_closed(socks, limit_s=10)
+        finally:
+            for sock in socks:
+                sock.close()
+        assert all(r.after is not None and r.after < 8.0 for r in results), [r.after for r in results]
+        timed_out = [r for r in results if r.status == 408]
+        assert 1 <= len(timed_out) <= 32  # beyond the cap nothing is held until the head timeout
+        assert all(r.status in (None, 503) for r in results if r not in timed_out)
+        with httpx.Client(timeout=5, trust_env=False) as fresh:
+            r = fresh.get(f"{url}/health")
+            assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_a_connection_beyond_the_cap_is_a_503_with_detail(bm25: BM25Retriever) -> None:
+    with serving(create_app(bm25), head_timeout=30.0, max_connections=2) as url:
+        port = _port(url)
+        held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        try:
+            time.sleep(0.2)  # let the server accept both before the third arrives (acceptance is asynchronous)
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as third:
+                (result,) = _until_closed([third], limit_s=10)
+            assert result.after is not None and result.after < 8.0
+            assert result.status == 503
+            assert result.detail() == "server busy: 2 connections are open; retry later"
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + 10  # the server sees the two closes asynchronously
+        with httpx.Client(timeout=5, trust_env=False) as fresh:
+            while True:
+                r = fresh.get(f"{url}/health")
+                if r.status_code == 200 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("length", [b"-1", str(10**30).encode(), b"12abc"])
+def test_a_malformed_content_length_is_a_400_with_detail(
+    bm25: BM25Retriever, client: httpx.Client, length: bytes
+) -> None:
+    with serving(create_app(bm25)) as url:
+        with socket.create_connection(("127.0.0.1", _port(url)), timeout=5) as sock:
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n{}")
+            (result,) = _until_closed([sock], limit_s=10)
+        assert result.after is not None
+        assert result.status == 400, result.data
+        assert result.detail() == "invalid HTTP request: bad Content-Length"
+        good_request_works(client, url)
 
 
 def test_lone_surrogates_in_queries_and_passages_are_served_as_utf8(client: httpx.Client) -> None:
