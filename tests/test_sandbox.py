@@ -319,10 +319,10 @@ def _orphan_program(seconds: int) -> str:
     )
 
 
-def test_nothing_the_program_starts_outlives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nothing_the_program_starts_outlives_it() -> None:
     seconds = random.randint(50_000, 90_000)  # a marker no other process on the machine has in its command line
-    monkeypatch.setitem(sandbox._test_overrides, "nproc", 64)  # allow processes, to show the namespace reaps them
-    result = run_program(_orphan_program(seconds), python_guards=False, timeout_s=1)
+    # _nproc: allow processes, to show the namespace reaps them
+    result = run_program(_orphan_program(seconds), python_guards=False, timeout_s=1, _nproc=64)
     assert result.error == "timeout"
     deadline = time.monotonic() + 5
     while _processes_with(["sleep", str(seconds)]) and time.monotonic() < deadline:
@@ -330,11 +330,10 @@ def test_nothing_the_program_starts_outlives_it(monkeypatch: pytest.MonkeyPatch)
     assert _processes_with(["sleep", str(seconds)]) == []
 
 
-def test_without_the_pid_namespace_the_orphan_would_survive(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_pid_namespace_the_orphan_would_survive() -> None:
     """The test above can fail: with only rlimits (and processes allowed) the same orphan outlives the timeout."""
     seconds = random.randint(50_000, 90_000)
-    monkeypatch.setitem(sandbox._test_overrides, "nproc", 64)
-    run_program(_orphan_program(seconds), python_guards=False, timeout_s=1, isolation="rlimits")
+    run_program(_orphan_program(seconds), python_guards=False, timeout_s=1, isolation="rlimits", _nproc=64)
     survivors = []
     deadline = time.monotonic() + 5
     while not survivors and time.monotonic() < deadline:
@@ -354,8 +353,7 @@ def test_memory_and_time_limits_hold_without_the_guards() -> None:
 
 def test_it_fails_closed_where_namespaces_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # an invalid unshare flag makes the kernel refuse the call, as a container that forbids unshare would
-    monkeypatch.setitem(sandbox._test_overrides, "fault_flags", 0x1)
-    result = run_program("print('ran')\nans = 1")
+    result = run_program("print('ran')\nans = 1", _fault_flags=0x1)
     assert not result.ok and result.error.startswith("sandbox unavailable: unshare")
     assert "SLEUTH_SANDBOX=rlimits" in result.error and result.stdout == ""  # the program never ran
     # the documented opt-in runs it with the weaker isolation

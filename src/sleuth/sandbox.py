@@ -47,7 +47,6 @@ import math
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -119,6 +118,178 @@ _STARTUP_LIMIT_S = 20.0  # interpreter start-up and module preloading, before th
 #: ``isolation`` values: ``namespaces`` (the default, fails closed) or ``rlimits`` (an explicit, weaker opt-in).
 ISOLATION_LEVELS = ("namespaces", "rlimits")
 NOBODY = 65534  # the uid/gid a program started by root runs as
+_RESULT_DEPTH_LIMIT = 32  # brackets a result line may nest (the child sends lists 8 deep at most)
+_INODE_LIMIT = 16384  # files and directories the program's /work tmpfs may hold (each costs kernel memory)
+
+# ---------------------------------------------------------------------------------------------------------------
+# The seccomp filter: a classic-BPF program, built here and installed by the launcher right before the child's exec
+# ---------------------------------------------------------------------------------------------------------------
+
+#: System calls the filter answers with EPERM: (name, x86_64 number, aarch64 number), None where the architecture
+#: has no such call (numbers from the kernel's ``asm/unistd_64.h`` and ``asm-generic/unistd.h``; a test compares
+#: them with the headers where those are installed). Neither architecture has the multiplexed ``ipc`` call.
+DENIED_SYSCALLS: tuple[tuple[str, int | None, int | None], ...] = (
+    # the kernel keyring: shared by every process of a user, so state would survive from one run to the next
+    ("add_key", 248, 217),
+    ("request_key", 249, 218),
+    ("keyctl", 250, 219),
+    # System V IPC: shared memory is not counted by RLIMIT_AS; messages and semaphores are shared state
+    ("shmget", 29, 194),
+    ("shmat", 30, 196),
+    ("shmctl", 31, 195),
+    ("shmdt", 67, 197),
+    ("semget", 64, 190),
+    ("semop", 65, 193),
+    ("semctl", 66, 191),
+    ("semtimedop", 220, 192),
+    ("msgget", 68, 186),
+    ("msgsnd", 69, 189),
+    ("msgrcv", 70, 188),
+    ("msgctl", 71, 187),
+    # anonymous files whose pages RLIMIT_AS does not count either
+    ("memfd_create", 319, 279),
+    ("memfd_secret", 447, 447),
+    # namespaces and mounts: the program's view of the system is fixed by the launcher
+    ("unshare", 272, 97),
+    ("setns", 308, 268),
+    ("mount", 165, 40),
+    ("umount2", 166, 39),
+    ("pivot_root", 155, 41),
+    ("chroot", 161, 51),
+    ("open_tree", 428, 428),
+    ("move_mount", 429, 429),
+    ("fsopen", 430, 430),
+    ("fsconfig", 431, 431),
+    ("fsmount", 432, 432),
+    ("fspick", 433, 433),
+    ("mount_setattr", 442, 442),
+    ("name_to_handle_at", 303, 264),
+    ("open_by_handle_at", 304, 265),
+    ("quotactl", 179, 60),
+    ("quotactl_fd", 443, 443),
+    # other processes' memory and kernel attack surface
+    ("ptrace", 101, 117),
+    ("process_vm_readv", 310, 270),
+    ("process_vm_writev", 311, 271),
+    ("kcmp", 312, 272),
+    ("pidfd_getfd", 438, 438),
+    ("bpf", 321, 280),
+    ("perf_event_open", 298, 241),
+    ("userfaultfd", 323, 282),
+    ("io_uring_setup", 425, 425),
+    ("io_uring_enter", 426, 426),
+    ("io_uring_register", 427, 427),
+    ("fanotify_init", 300, 262),
+    ("lookup_dcookie", 212, 18),
+    ("syslog", 103, 116),
+    ("personality", 135, 92),
+    ("uselib", 134, None),
+    ("_sysctl", 156, None),
+    ("iopl", 172, None),
+    ("ioperm", 173, None),
+    ("vhangup", 153, 58),
+    ("nfsservctl", 180, 42),
+    # the machine itself
+    ("kexec_load", 246, 104),
+    ("kexec_file_load", 320, 294),
+    ("init_module", 175, 105),
+    ("finit_module", 313, 273),
+    ("delete_module", 176, 106),
+    ("acct", 163, 89),
+    ("swapon", 167, 224),
+    ("swapoff", 168, 225),
+    ("reboot", 169, 142),
+    ("settimeofday", 164, 170),
+    ("clock_settime", 227, 112),
+    ("clock_adjtime", 305, 266),
+    ("adjtimex", 159, 171),
+    ("sethostname", 170, 161),
+    ("setdomainname", 171, 162),
+)
+#: Answered with ENOSYS: ``clone3`` passes its flags in memory, which a filter cannot read, so it is refused as if
+#: the kernel lacked it; the C library then falls back to ``clone``, whose flags the filter checks.
+ENOSYS_SYSCALLS: tuple[tuple[str, int | None, int | None], ...] = (("clone3", 435, 435),)
+_CLONE = {"x86_64": 56, "aarch64": 220}
+#: ``clone`` with any of these flags (a new mount, cgroup, UTS, IPC, user, PID or network namespace) gets EPERM.
+CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # AUDIT_ARCH_* from linux/audit.h
+_X32_SYSCALL_BIT = 0x40000000
+_EPERM, _ENOSYS = 1, 38
+# classic BPF opcodes (linux/filter.h) and seccomp return values (linux/seccomp.h)
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+_SECCOMP_NR, _SECCOMP_ARCH, _SECCOMP_ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0's low half: little-endian)
+
+
+def seccomp_arch() -> str:
+    """The system-call table the child interpreter uses: ``x86_64`` or ``aarch64``; ValueError for anything else
+    (the sandbox then fails closed)."""
+    import platform
+
+    machine = platform.machine().lower()
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    if machine not in _AUDIT_ARCH or sys.maxsize <= 2**32 or sys.byteorder != "little":
+        raise ValueError(f"no seccomp system-call table for {platform.machine()} ({sys.maxsize.bit_length() + 1}-bit)")
+    return machine
+
+
+def seccomp_filter(arch: str) -> list[tuple[int, int, int, int]]:
+    """The filter for ``arch`` as ``(code, jt, jf, k)`` instructions (``struct sock_filter``).
+
+    In order: a foreign architecture (``seccomp_data.arch``, e.g. the i386 ABI through ``int 0x80``) kills the
+    process; on x86_64 the x32 ABI (numbers from ``0x40000000``) gets EPERM; each of :data:`DENIED_SYSCALLS` gets
+    EPERM, each of :data:`ENOSYS_SYSCALLS` ENOSYS; ``clone`` with :data:`CLONE_NAMESPACE_FLAGS` gets EPERM;
+    everything else is allowed.
+    """
+    if arch not in _AUDIT_ARCH:
+        raise ValueError(f"no seccomp system-call table for {arch}")
+    column = 1 if arch == "x86_64" else 2
+    # (code, jump-if-true target, jump-if-false target, k): a target is a label, or 0 for the next instruction
+    body: list[tuple[int, str | int, str | int, int]] = [
+        (_BPF_LD_W_ABS, 0, 0, _SECCOMP_ARCH),
+        (_BPF_JEQ_K, "nr", "kill", _AUDIT_ARCH[arch]),
+    ]
+    labels = {"nr": len(body)}
+    body.append((_BPF_LD_W_ABS, 0, 0, _SECCOMP_NR))
+    if arch == "x86_64":
+        body.append((_BPF_JGE_K, "eperm", 0, _X32_SYSCALL_BIT))
+    for table, target in ((DENIED_SYSCALLS, "eperm"), (ENOSYS_SYSCALLS, "enosys")):
+        for row in table:
+            nr = row[column]
+            if nr is not None:
+                body.append((_BPF_JEQ_K, target, 0, nr))  # type: ignore[arg-type]
+    body.append((_BPF_JEQ_K, 0, "allow", _CLONE[arch]))
+    body.append((_BPF_LD_W_ABS, 0, 0, _SECCOMP_ARG0))
+    body.append((_BPF_JSET_K, "eperm", "allow", CLONE_NAMESPACE_FLAGS))
+    for label, value in (
+        ("allow", SECCOMP_RET_ALLOW),
+        ("eperm", SECCOMP_RET_ERRNO | _EPERM),
+        ("enosys", SECCOMP_RET_ERRNO | _ENOSYS),
+        ("kill", SECCOMP_RET_KILL_PROCESS),
+    ):
+        labels[label] = len(body)
+        body.append((_BPF_RET_K, 0, 0, value))
+
+    def offset(at: int, target: str | int) -> int:
+        if isinstance(target, int):
+            return target
+        jump = labels[target] - at - 1
+        if not 0 <= jump <= 255:  # a conditional jump's offsets are one byte
+            raise ValueError(f"seccomp filter jump out of range: {jump}")
+        return jump
+
+    return [(code, offset(i, jt), offset(i, jf), k) for i, (code, jt, jf, k) in enumerate(body)]
+
+
+def _seccomp_config() -> dict[str, str | None]:
+    """What the launcher needs to install the filter: the packed program, or why there is none."""
+    import struct
+
+    try:
+        program = seccomp_filter(seccomp_arch())
+    except ValueError as exc:
+        return {"seccomp": None, "seccomp_error": str(exc)}
+    return {"seccomp": b"".join(struct.pack("=HBBI", *ins) for ins in program).hex(), "seccomp_error": None}
 
 
 @dataclass
@@ -457,6 +628,7 @@ def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process
     ``rlimits``: the credential drop, ``no_new_privs`` and rlimits only, then exec. Any failure is reported on the
     result channel as ``sandbox unavailable: ...`` and nothing runs.
     """
+    import contextlib
     import ctypes
     import json
     import os
@@ -481,7 +653,8 @@ def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process
         16384,
         1 << 18,
     )
-    pr_set_pdeathsig, pr_set_no_new_privs = 1, 38
+    pr_set_pdeathsig, pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 1, 38, 22, 2
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the launcher re-raises the program's fatal signal below
     # pivot_root has no libc wrapper; its syscall number per architecture (None: fall back to chroot)
     sys_pivot_root = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(
         platform.machine()
@@ -507,6 +680,19 @@ def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process
         kept = os.statvfs(source).f_flag & (ms_nosuid | ms_nodev | ms_noexec | 1024 | 2048)
         relatime = (1 << 21) if os.statvfs(source).f_flag & 4096 else 0
         mount(None, target, None, ms_remount | ms_bind | ms_rdonly | ms_nosuid | ms_nodev | kept | relatime)
+
+    def install_filter() -> None:
+        """The seccomp filter (built by the parent, checked there: no table for this architecture, no program)."""
+        if config["seccomp"] is None:
+            fail(f"seccomp: {config['seccomp_error']}")
+        program = bytes.fromhex(config["seccomp"])
+        instructions = ctypes.create_string_buffer(program, len(program))
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        fprog = SockFprog(len(program) // 8, ctypes.addressof(instructions))
+        check(libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.addressof(fprog), 0, 0), "seccomp filter")
 
     root_user = os.geteuid() == 0
     uid, gid = (config["nobody"], config["nobody"]) if root_user else (os.getuid(), os.getgid())
@@ -538,6 +724,7 @@ def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process
             except (ValueError, OSError) as exc:
                 fail(f"setrlimit: {exc}")
         os.chdir(config["workdir"])
+        install_filter()  # last: from here on, the denied system calls fail
         os.execve(config["interpreter"], config["argv"], {})
 
     if config["isolation"] == "rlimits":
@@ -546,7 +733,7 @@ def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process
     flags = 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000  # NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS
     if not root_user:
         flags |= 0x10000000  # NEWUSER: the caller's uid mapped to itself, full capabilities inside until exec
-    check(libc.unshare(flags | config.get("fault_flags", 0)), "unshare (namespaces refused by the kernel)")
+    check(libc.unshare(flags | config["fault_flags"]), "unshare (namespaces refused by the kernel)")
     if not root_user:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
@@ -568,9 +755,19 @@ def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process
             continue
         os.makedirs(inside, exist_ok=True)
         bind_readonly(path, inside)
-    os.makedirs(new_root + "/work", exist_ok=True)
-    mount(config["scratch"], new_root + "/work", None, ms_bind)
-    mount(None, new_root + "/work", None, ms_remount | ms_bind | ms_nosuid | ms_nodev)
+    # /work: a size-limited tmpfs (its pages count against disk_mb, never against the host's disk), holding a copy of
+    # the program file; it vanishes with the mount namespace
+    work = new_root + "/work"
+    os.makedirs(work, exist_ok=True)
+    options = f"size={config['disk']},nr_inodes={config['inodes']},mode=0700,uid={uid},gid={gid}"
+    mount("tmpfs", work, "tmpfs", ms_nosuid | ms_nodev | ms_noexec, options)
+    with open(os.path.join(config["scratch"], "program.py"), "rb") as source:
+        text = source.read()
+    target = os.open(work + "/program.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(target, "wb") as copy:
+        copy.write(text)
+    if root_user:
+        os.chown(work + "/program.py", uid, gid)
     mount(None, new_root, None, ms_remount | ms_rdonly | ms_nosuid | ms_nodev)
     os.chdir(new_root)
     if sys_pivot_root is not None:
@@ -580,20 +777,30 @@ def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process
         os.chroot(".")
     os.chdir("/")
 
+    status_read, status_write = os.pipe()  # PID 1 reports the program's wait status here (not inherited by exec)
     reaper = os.fork()
-    if reaper:  # the launcher: wait for PID 1 and exit as it did
+    if reaper:  # the launcher: wait for PID 1 and end as the program did
         os.close(fd)
-        _, status = os.waitpid(reaper, 0)
-        code = os.waitstatus_to_exitcode(status)
-        if code > 128:
-            signal.signal(code - 128, signal.SIG_DFL)
-            os.kill(os.getpid(), code - 128)
-        os._exit(code if code >= 0 else 1)
+        os.close(status_write)
+        reported = b""
+        while chunk := os.read(status_read, 64):
+            reported += chunk
+        os.waitpid(reaper, 0)
+        code = int(reported) if reported.strip().lstrip(b"-").isdigit() else 1
+        if code < 0:  # killed by signal -code: die of the same signal, so the parent can name it
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(-code, signal.SIG_DFL)
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(os.getpid(), -code)
+            os._exit(128 + min(-code, 127))  # a signal that does not end a process (cannot come from wait)
+        os._exit(code & 0xFF)
 
     # PID 1 of the new PID namespace: dies with the launcher, reaps everything, exits when the program does
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    os.close(status_read)
     program = os.fork()
     if program == 0:
+        os.close(status_write)
         become_program()
     os.close(fd)
     while True:
@@ -601,9 +808,9 @@ def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process
             pid, status = os.wait()
         except ChildProcessError:
             os._exit(1)
-        if pid == program:  # returning kills every process left in the namespace
-            code = os.waitstatus_to_exitcode(status)
-            os._exit(code if code >= 0 else 128 - code)
+        if pid == program:  # exiting kills every process left in the namespace
+            os.write(status_write, str(os.waitstatus_to_exitcode(status)).encode())
+            os._exit(0)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -622,19 +829,28 @@ def run_program(
     *,
     timeout_s: float = 5.0,
     memory_mb: int = 512,
+    disk_mb: int = 64,
     result_var: str = "ans",
     fallback_vars: tuple[str, ...] = (),
     isolation: str | None = None,
     python_guards: bool = True,
+    _nproc: int = 0,
+    _fault_flags: int = 0,
 ) -> ProgramResult:
     """Run ``code`` in an isolated child interpreter and read ``result_var`` from its namespace.
 
     ``timeout_s`` is the program's wall-clock budget (interpreter start-up excluded); ``memory_mb`` its address-space
-    limit. ``fallback_vars`` are read, in order, when ``result_var`` is missing: a name (``"result"``) or a function
-    to call (``"solution()"``); :attr:`ProgramResult.variable` says which one was used. ``isolation``:
-    ``"namespaces"`` (default; fails closed where the kernel refuses them) or ``"rlimits"`` (opt-in, weaker); None
-    reads ``SLEUTH_SANDBOX``. ``python_guards=False`` switches the in-process guards off, leaving only the OS
-    isolation (the tests use it to show that the OS layer holds alone). Never raises for anything the program does.
+    limit; ``disk_mb`` the size of its writable ``/work`` (a tmpfs; with ``isolation="rlimits"`` only the size of one
+    file is limited, to the smaller of ``disk_mb`` and 8 MiB). ``fallback_vars`` are read, in order, when
+    ``result_var`` is missing: a name (``"result"``) or a function to call (``"solution()"``);
+    :attr:`ProgramResult.variable` says which one was used. ``isolation``: ``"namespaces"`` (default; fails closed
+    where the kernel refuses them) or ``"rlimits"`` (opt-in, weaker); None reads ``SLEUTH_SANDBOX``.
+    ``python_guards=False`` switches the in-process guards off, leaving only the OS isolation (the tests use it to
+    show that the OS layer holds alone). Never raises for anything the program does (a bad ``isolation`` value is
+    the caller's ValueError).
+
+    Private, for the tests only: ``_nproc`` allows that many processes (to show that the PID namespace reaps them);
+    ``_fault_flags`` are extra ``unshare`` flags that make the kernel refuse (to show that the sandbox fails closed).
 
     >>> run_program("ans = sum(range(5))").value
     10
@@ -643,11 +859,34 @@ def run_program(
     """
     started = time.perf_counter()
     mode = _isolation(isolation)
+    try:
+        result = _run(
+            code, mode, timeout_s, memory_mb, disk_mb, result_var, fallback_vars, python_guards, _nproc, _fault_flags
+        )
+    except Exception as exc:  # the child could not be started, or its outcome not read: still a result
+        result = ProgramResult(ok=False, error=_clean_text(f"crashed: {type(exc).__name__}: {exc}"[:300]))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _run(
+    code: str,
+    mode: str,
+    timeout_s: float,
+    memory_mb: int,
+    disk_mb: int,
+    result_var: str,
+    fallback_vars: tuple[str, ...],
+    python_guards: bool,
+    nproc: int,
+    fault_flags: int,
+) -> ProgramResult:
     code = _clean_text(code)
     base = tempfile.mkdtemp(prefix="sleuth-sandbox-")
-    scratch, new_root = os.path.join(base, "work"), os.path.join(base, "root")
-    read_fd, write_fd = os.pipe()
+    read_fd = write_fd = -1
     try:
+        scratch, new_root = os.path.join(base, "work"), os.path.join(base, "root")
+        read_fd, write_fd = os.pipe()
         os.mkdir(scratch)
         os.mkdir(new_root)
         program = os.path.join(scratch, "program.py")
@@ -672,6 +911,7 @@ def run_program(
             "guards": python_guards,
         }
         interpreter = _interpreter()
+        disk = max(1, int(disk_mb * 1024 * 1024))
         launcher_config = {
             "fd": write_fd,
             "isolation": mode,
@@ -685,10 +925,13 @@ def run_program(
             "argv": [interpreter, "-I", "-S", "-X", "utf8", "-c", _child_source(), json.dumps(child_config)],
             "cpu": int(math.ceil(timeout_s)) + 2,  # start-up CPU included; the wall clock is the precise limit
             "memory": memory_mb * 1024 * 1024,
-            "file_limit": _FILE_LIMIT,
-            "nproc": _test_overrides.get("nproc", 0),
+            "disk": disk,
+            "inodes": _INODE_LIMIT,
+            "file_limit": min(_FILE_LIMIT, disk),
+            "nproc": nproc,
             "nobody_can_run": _nobody_can_run(interpreter, _read_roots()),
-            "fault_flags": _test_overrides.get("fault_flags", 0),
+            "fault_flags": fault_flags,
+            **_seccomp_config(),
         }
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
@@ -711,22 +954,99 @@ def run_program(
                 raise
             returncode = proc.returncode
             stdout, stderr = _read_text(out, STDOUT_LIMIT), _read_text(err, 2000)
-    except OSError as exc:  # the child could not be started at all
-        return ProgramResult(ok=False, error=f"crashed: {exc}", seconds=time.perf_counter() - started)
     finally:
-        os.close(read_fd)
-        if write_fd >= 0:
-            os.close(write_fd)
-        shutil.rmtree(base, ignore_errors=True)
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+        remove_tree(base)
     result = _interpret(lines, timed_out, returncode, stderr)
     result.stdout = stdout
-    result.seconds = time.perf_counter() - started
     return result
 
 
-#: Test-only knobs (``nproc``: allow child processes, to show the PID namespace reaps them; ``fault_flags``: extra
-#: unshare flags that make the kernel refuse, to show the sandbox fails closed). Never set in normal use.
-_test_overrides: dict[str, int] = {}
+def remove_tree(path: str) -> bool:
+    """Remove the directory ``path`` and everything in it; True when it is gone. Never raises.
+
+    Unlike ``shutil.rmtree`` it does not recurse (a program can build a tree thousands of levels deep), works on
+    directory descriptors (so paths longer than ``PATH_MAX`` do not matter), never follows a symbolic link, and
+    makes unreadable or unwritable directories accessible to itself (``chmod 0700``) before emptying them. It walks
+    back up through ``..``, checking each directory's device and inode against the one it came down from, and stops
+    (leaving the rest) if they differ, so a directory moved meanwhile cannot make it delete anything outside ``path``.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def open_dir(name: str, parent: int) -> int:
+        try:
+            return os.open(name, flags, dir_fd=parent)
+        except PermissionError:  # not searchable or readable by us: make it so (it is not a link: O_NOFOLLOW)
+            os.chmod(name, 0o700, dir_fd=parent)
+            return os.open(name, flags, dir_fd=parent)
+
+    def entries(fd: int) -> list[str]:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o700)  # writable (to unlink its entries) and readable (to list them) by its owner
+        try:
+            return os.listdir(fd)
+        except OSError:
+            return []
+
+    top = os.path.abspath(path)
+    try:
+        top_parent = os.open(os.path.dirname(top), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return not os.path.lexists(top)
+    fd = -1
+    try:
+        fd = open_dir(os.path.basename(top), top_parent)
+        here = os.fstat(fd)
+        pending = entries(fd)
+        # one row per directory entered below the top: (its parent's device and inode, the parent's entries still to
+        # remove, its own name in the parent)
+        stack: list[tuple[tuple[int, int], list[str], str]] = []
+        while True:
+            while pending:
+                name = pending.pop()
+                try:
+                    os.unlink(name, dir_fd=fd)
+                    continue
+                except IsADirectoryError:
+                    pass
+                except OSError:
+                    continue  # gone already, or not removable by us: left
+                try:
+                    os.rmdir(name, dir_fd=fd)  # an empty directory
+                    continue
+                except OSError:
+                    pass
+                try:
+                    child = open_dir(name, fd)
+                except OSError:
+                    continue
+                stack.append(((here.st_dev, here.st_ino), pending, name))
+                os.close(fd)
+                fd = child
+                here, pending = os.fstat(fd), entries(fd)
+            if not stack:
+                break
+            (dev, ino), pending, name = stack.pop()
+            parent = os.open("..", flags, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            here = os.fstat(fd)
+            if (here.st_dev, here.st_ino) != (dev, ino):
+                return False  # moved while we were below it: stop rather than delete outside the tree
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=fd)
+        os.close(fd)
+        fd = -1
+        os.rmdir(os.path.basename(top), dir_fd=top_parent)
+    except OSError:
+        pass
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.close(top_parent)
+    return not os.path.lexists(top)
 
 
 def _collect(proc: subprocess.Popen[bytes], fd: int, timeout_s: float) -> tuple[list[bytes], bool]:
@@ -764,33 +1084,82 @@ def _collect(proc: subprocess.Popen[bytes], fd: int, timeout_s: float) -> tuple[
 
 
 def _interpret(lines: list[bytes], timed_out: bool, returncode: int, stderr: str) -> ProgramResult:
+    """The child's outcome as a result; never raises (whatever the program wrote to the result channel)."""
+    try:
+        return _outcome(lines, timed_out, returncode, stderr)
+    except Exception as exc:
+        return ProgramResult(ok=False, error=f"crashed: unreadable result ({type(exc).__name__})")
+
+
+def _outcome(lines: list[bytes], timed_out: bool, returncode: int, stderr: str) -> ProgramResult:
     if timed_out:
         return ProgramResult(ok=False, error="timeout")
     payload = None
     for line in reversed(lines):
-        try:
-            data = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            continue
+        data = _parse_result_line(line)
         if isinstance(data, dict) and "ok" in data:
             payload = data
             break
     if payload is not None:
-        ok = bool(payload.get("ok"))
+        ok = payload.get("ok") is True
+        variable = payload.get("variable")
         return ProgramResult(
             ok=ok,
             value=_clean_value(payload.get("value")) if ok else None,
-            error=None if ok else _clean_text(str(payload.get("error") or "failed")),
-            variable=payload.get("variable"),
+            error=None if ok else _clean_text(str(payload.get("error") or "failed")[:1000]),
+            variable=_clean_text(variable[:200]) if isinstance(variable, str) else None,
         )
     if returncode == -signal.SIGXCPU:  # RLIMIT_CPU
         return ProgramResult(ok=False, error="timeout")
     if returncode == -signal.SIGKILL or "MemoryError" in stderr:  # not our kill (that is a timeout): the OOM killer
         return ProgramResult(ok=False, error="memory")
     if returncode < 0:
-        return ProgramResult(ok=False, error=f"crashed: {signal.Signals(-returncode).name}")
+        return ProgramResult(ok=False, error=f"crashed: {_signal_name(-returncode)}")
     last = stderr.strip().splitlines()[-1] if stderr.strip() else "no result"
     return ProgramResult(ok=False, error=f"crashed: exit code {returncode}: {last[:200]}")
+
+
+def _signal_name(number: int) -> str:
+    """``SIGSEGV`` for a signal Python names, else ``signal 40`` (real-time signals have no name)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _parse_result_line(line: bytes) -> Any:
+    """A result line's JSON, or None where it is not JSON or nests deeper than :data:`_RESULT_DEPTH_LIMIT` (the
+    program owns the channel and can write anything to it: 200,000 ``[`` must not reach ``json.loads``'s recursion)."""
+    if len(line) > _RESULT_LIMIT or _nesting_depth(line) > _RESULT_DEPTH_LIMIT:
+        return None
+    try:
+        return json.loads(line)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _nesting_depth(line: bytes) -> int:
+    """The deepest bracket nesting in a JSON text (brackets inside strings not counted), in one linear pass."""
+    if line.count(b"[") + line.count(b"{") <= _RESULT_DEPTH_LIMIT:  # the usual line: too few brackets to matter
+        return line.count(b"[") + line.count(b"{")
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
 
 
 @functools.cache
