@@ -35,13 +35,17 @@ def test_configure_converts_types_and_reaches_nested_frozen_settings() -> None:
     assert S3Config().max_obs_tokens is not None
     assert configure(S3Config, {"max_obs_tokens": "none"}).max_obs_tokens is None
     assert configure(S3Config, {"max_obs_tokens": "64"}).max_obs_tokens == 64
-    with pytest.raises(ValueError, match="expected a int"):
+    with pytest.raises(ValueError, match="expected an integer"):
         configure(NaiveRAGConfig, {"k": "none"})  # k is a plain int: none is not a value
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"kk": "1"}, "unknown option 'kk'"), ({"k": "three"}, "expected a int"), ({"sampling.nope": "1"}, "unknown")],
+    [
+        ({"kk": "1"}, "unknown option 'kk'"),
+        ({"k": "three"}, "k: got 'three', expected an integer"),
+        ({"sampling.nope": "1"}, "unknown"),
+    ],
 )
 def test_configure_rejects_unknown_keys_and_bad_values(options: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -288,14 +288,15 @@ def _coerce(raw: Any, current: Any, key: str, kind: type | None = None, optional
             return True
         if raw.lower() in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"option {key}: expected true or false, got {raw!r}")
+        raise ValueError(f"{key}: got {raw!r}, expected true or false")
     try:
         if isinstance(current, int):
             return int(raw)
         if isinstance(current, float):
             return float(raw)
     except ValueError:
-        raise ValueError(f"option {key}: expected a {type(current).__name__}, got {raw!r}") from None
+        expected = "an integer" if isinstance(current, int) else "a number"
+        raise ValueError(f"{key}: got {raw!r}, expected {expected}") from None
     if isinstance(current, tuple | list):
         return type(current)(part for part in raw.split(",") if part)
     return raw
@@ -316,8 +317,11 @@ def parse_options(pairs: Iterable[str] | dict[str, Any] | None) -> dict[str, Any
 
 def configure(config_cls: type, options: dict[str, Any] | None = None) -> Any:
     """A ``config_cls`` instance with ``options`` applied; keys may be dotted into nested dataclasses
-    (``sampling.temperature``) and string values are converted to the field's type. Unknown keys are errors."""
+    (``sampling.temperature``) and string values are converted to the field's type. Unknown keys are errors, and so
+    is a value of the wrong type or out of range (:mod:`sleuth.config_check`: ``KEY: got X, expected Y``)."""
     import dataclasses
+
+    from sleuth.config_check import check_field
 
     config = config_cls()
     for key, raw in (options or {}).items():
@@ -334,6 +338,7 @@ def configure(config_cls: type, options: dict[str, Any] | None = None) -> Any:
             known = ", ".join(sorted(f.name for f in dataclasses.fields(config)))
             raise ValueError(f"unknown option {key!r} for {config_cls.__name__} (options: {known})")
         value = _coerce(raw, getattr(target, leaf), key, *_field_kind(target, leaf))
+        check_field(type(target), leaf, value, key)
         # frozen dataclasses (Sampling) are rebuilt bottom-up with dataclasses.replace
         for owner, name in zip(reversed(owners), reversed([*path, leaf]), strict=True):
             if owner.__dataclass_params__.frozen:

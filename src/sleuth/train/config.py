@@ -1,8 +1,9 @@
 """Trainer configs: one dataclass per trainer, read from a YAML (or JSON) file.
 
 Nested mappings fill nested dataclasses (``sampling: {temperature: 1.0}``); unknown keys are errors that name the
-file and the key, so a typo never silently trains with a default. ``overrides`` (``{"lr": "1e-5"}`` from the command
-line, dotted keys allowed) are applied after the file.
+file and the key, so a typo never silently trains with a default, and every value is type- and range-checked
+(:mod:`sleuth.config_check`: ``FILE: KEY: got X, expected Y``) before anything loads. ``overrides``
+(``{"lr": "1e-5"}`` from the command line, dotted keys allowed) are applied after the file.
 
 >>> from dataclasses import dataclass
 >>> @dataclass
@@ -34,6 +35,8 @@ def _flatten(config: Any, mapping: dict[str, Any], prefix: str = "") -> dict[str
     fields (e.g. mixing ratios) take the mapping whole."""
     out: dict[str, Any] = {}
     for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{prefix}{key!r}: got a {type(key).__name__} key, expected an option name")
         current = getattr(config, key, None)
         if isinstance(value, dict) and dataclasses.is_dataclass(current):
             out.update(_flatten(current, value, f"{prefix}{key}."))
@@ -59,7 +62,13 @@ def load_config(cls: type[T], path: str | Path | None, overrides: dict[str, Any]
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the config file ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            bad = f"byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+            raise ConfigError(f"{path}: not UTF-8 text ({bad})") from None
         try:
             if path.suffix == ".json":
                 mapping = json.loads(text)
