@@ -81,11 +81,12 @@ class HFLLM(LLM):
             torch_dtype = getattr(torch, dtype, None)
             if not isinstance(torch_dtype, torch.dtype):
                 raise LLMError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        _check_model_dir(path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device).eval()
-        except OSError as exc:
-            raise LLMError(f"cannot load a transformers model from {path!r}: {exc}") from exc
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # transformers' ways of saying "not a model here"
+            raise LLMError(f"hf:{path}: no model found ({_first_line(exc)})") from exc
         self._setup(model, tokenizer, path, max_batch, max_padding)
 
     @classmethod
@@ -408,6 +409,34 @@ class _StopOnStrings:
             tail = self.tokenizer.decode(row[-self.window :], skip_special_tokens=True)
             done.append(any(s in tail for s in self.stop))
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _check_model_dir(path: str) -> None:
+    """A local directory must hold a transformers model: a ``config.json`` mapping that names its ``model_type``;
+    a local-looking path must exist (``org/name`` hub names are left to transformers)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(path).expanduser()
+    if not folder.exists() and (path.startswith(("/", ".", "~")) or path.count("/") > 1):
+        raise LLMError(f"hf:{path}: no model found (no such directory)")
+    if not folder.is_dir():
+        return
+    config = folder / "config.json"
+    if not config.is_file():
+        raise LLMError(f"hf:{path}: no model found (no config.json in the directory)")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LLMError(f"hf:{path}: no model found (config.json is not readable JSON: {_first_line(exc)})") from None
+    if not isinstance(data, dict) or not data.get("model_type"):
+        raise LLMError(f"hf:{path}: no model found (config.json names no model_type)")
 
 
 @register_backend("hf")
