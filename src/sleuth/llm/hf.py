@@ -426,7 +426,7 @@ def _check_model_dir(path: str) -> None:
     folder = Path(path).expanduser()
     if not folder.exists() and (path.startswith(("/", ".", "~")) or path.count("/") > 1):
         raise LLMError(f"hf:{path}: no model found (no such directory)")
-    if not folder.is_dir():
+    if not folder.is_dir() or (folder / "adapter_config.json").is_file():  # a PEFT adapter: transformers reads it
         return
     config = folder / "config.json"
     if not config.is_file():
