@@ -21,8 +21,10 @@ prompt; ``tags="code"`` the official code's ``<QUERY>/<SEARCH>/<FACT>/<FINAL>`` 
 either set, any case, the paper's ``<FINIAL>`` misspelling and the warm-up aliases ``<Search n>`` / ``<Keyword n>``
 (each recorded as a ``tag_alias`` fallback), and a missing ``>``; a tag starts at a ``<`` directly followed by its
 name or ``/`` (:data:`~sleuth.agents.base.TAG_OPEN`), exactly the ``<`` that ``escape_observation`` neutralises in
-passages (which enter every prompt through ``ctx.inert``, chat special tokens broken too), so a passage the model
-copies into its turn holds no tag. Every parser here is linear in its input and never raises.
+passages (which enter every prompt through ``ctx.inert``, chat special tokens broken too), and a document marker
+``[j] Title:`` (where the parser cuts a turn the model fills with its own documents) is broken in passages by the same
+pattern (:func:`escape_document_markers`), so a passage the model copies into its turn holds nothing the parser acts
+on. Every parser here is linear in its input and never raises.
 
 Documents are numbered **1-based** everywhere: ``[1]..[K]`` in the inserted observation, in the optional selection
 prompt (``select=True``, ExSearch-Zoo's select/re-rank action) and in the identifiers parsed from its output. The
@@ -112,7 +114,10 @@ _ACTION_TAG = re.compile(
     r"|DOCUMENTS?|USER\s+QUERY)\b(?:\s*(?P<num>\d+))?\s*(?P<gt>>)?",
     re.IGNORECASE,
 )
-_WRITTEN_DOCUMENT = re.compile(r"\[\d+\]\s*Title:", re.IGNORECASE)  # a model writing "[1] Title: ..." itself
+# "[j] Title:" opens a document of an observation: parse_turn cuts a model turn where the model writes one itself.
+# Passages go into observations with every match of this same pattern broken (escape_document_markers, applied by
+# format_documents), so a passage the model copies into its turn can never cut the turn and lose its sub-query.
+_WRITTEN_DOCUMENT = re.compile(r"\[\d+\]\s*Title:", re.IGNORECASE)
 _MAX_DIGITS = 18  # a document number longer than this is out of range (and int() of 4,300+ digits would raise)
 SEARCH_STOPS = ("<SEARCH>", "<search>", "<Search>")  # a thinking turn ends where the model would write results
 
@@ -302,13 +307,27 @@ def parse_answer(output: str) -> tuple[str, list[str]]:
 # -- observations ---------------------------------------------------------------------------------------------------
 
 
+def escape_document_markers(text: str) -> str:
+    """``text`` with the ``[`` of every ``[j] Title:`` document marker that :func:`parse_turn` reads (the same
+    pattern) replaced by ``&#91;``: the escaped text holds no marker, so copied into a model turn it never cuts it.
+    The ``[`` left alone start no marker, and the replacement brings in none. Linear time."""
+    return _WRITTEN_DOCUMENT.sub(lambda m: "&#91;" + m.group(0)[1:], text)
+
+
+def escape_passage(text: str, inert: Callable[[str], str] = escape_observation) -> str:
+    """A passage's title or text as an observation holds it: ``inert`` (tags escaped, and with ``ctx.inert`` special
+    tokens broken), then :func:`escape_document_markers`. Nothing in the result is read by :func:`parse_turn`."""
+    return escape_document_markers(inert(text))
+
+
 def format_documents(
     passages: list[Passage], labels: list[int], inert: Callable[[str], str] = escape_observation
 ) -> str:
     """``[j] Title: t. Content: c`` lines (the paper's and the code's document format), ``j`` 1-based labels.
-    Titles and texts go through ``inert`` (the agent passes ``ctx.inert``: tags escaped, special tokens broken)."""
+    Titles and texts go through :func:`escape_passage` with ``inert`` (the agent passes ``ctx.inert``)."""
     return "\n".join(
-        f"[{j}] Title: {inert(p.title)}. Content: {inert(p.text)}" for j, p in zip(labels, passages, strict=True)
+        f"[{j}] Title: {escape_passage(p.title, inert)}. Content: {escape_passage(p.text, inert)}"
+        for j, p in zip(labels, passages, strict=True)
     )
 
 
