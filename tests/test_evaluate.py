@@ -57,9 +57,10 @@ def test_aggregate_means_costs_and_fallbacks() -> None:
         t.seconds = 2.0
         return t
 
-    metrics = aggregate([trace("a", 1.0), trace("a", 0.0, "first_line"), trace("b", None, error="boom")])
-    assert metrics["n"] == 3 and metrics["overall"]["em"] == 0.5  # None is not averaged in
-    assert metrics["per_dataset"]["a"]["n"] == 2 and "em" not in metrics["per_dataset"]["b"]
+    metrics = aggregate([trace("a", 1.0), trace("a", 0.0, "first_line"), trace("b", 1.0, error="boom")])
+    assert metrics["n"] == 2 and metrics["overall"]["em"] == 0.5  # a failed attempt is no result: not in n or means
+    assert metrics["per_dataset"]["a"]["n"] == 2 and metrics["per_dataset"]["b"]["n"] == 0
+    assert "em" not in metrics["per_dataset"]["b"] and metrics["per_dataset"]["b"]["errors"] == 1
     assert metrics["overall"]["fallbacks"] == 1 and metrics["overall"]["fallback_kinds"] == {"first_line": 1}
     assert metrics["overall"]["errors"] == 1 and metrics["overall"]["llm_calls"] == 1.0
     assert metrics["overall"]["prompt_tokens"] == 10 and metrics["overall"]["seconds"] == 2.0

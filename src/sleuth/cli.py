@@ -10,7 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -29,9 +29,17 @@ METHODS_HELP = "Agent: direct, naive_rag, acesearcher, acesearcher_doc, exsearch
 SET_HELP = "Method option KEY=VALUE, repeatable; dotted keys reach nested settings (sampling.temperature=0.7)."
 
 
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code=1)
+# Exit codes: 1 for a failure of the work (a model that does not load, a run directory in use, every example
+# failed); 2 for a bad setting (a config value of the wrong type or out of range, a config file that cannot be read).
+CONFIG_ERROR = 2
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    """One line on stderr (never wrapped, never read as markup), then exit with ``code``."""
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True)
+    raise typer.Exit(code=code)
 
 
 def _options(pairs: list[str] | None) -> dict[str, str]:
@@ -40,7 +48,7 @@ def _options(pairs: list[str] | None) -> dict[str, str]:
     try:
         return parse_options(pairs)
     except ValueError as exc:
-        _fail(str(exc))
+        _fail(str(exc), CONFIG_ERROR)
         raise
 
 
@@ -76,9 +84,12 @@ def ask(
 
     try:
         spec = get_agent(method)
-        config = configure(spec.config_cls, _options(option))
-    except (KeyError, ValueError) as exc:
+    except KeyError as exc:
         _fail(str(exc.args[0]))
+    try:
+        config = configure(spec.config_cls, _options(option))
+    except ValueError as exc:
+        _fail(str(exc), CONFIG_ERROR)
     if k is not None and hasattr(config, "k") and not any(o.startswith("k=") for o in option or []):
         config.k = k
     if hasattr(config, "sampling"):
@@ -133,7 +144,7 @@ def eval_command(
 ) -> None:
     """Evaluate a method on dataset files: traces.jsonl, metrics.json, report.md; resumes after a kill."""
     from sleuth.data import DatasetError
-    from sleuth.eval.evaluate import EvalConfig, EvalError, evaluate
+    from sleuth.eval.evaluate import EvalConfig, EvalConfigError, EvalError, evaluate
     from sleuth.llm import LLMError
     from sleuth.retrieval import RetrievalError
 
@@ -158,11 +169,19 @@ def eval_command(
     )
     try:
         metrics = evaluate(config)
+    except EvalConfigError as exc:
+        _fail(str(exc), CONFIG_ERROR)
     except (DatasetError, EvalError, LLMError, RetrievalError, KeyError, FileNotFoundError) as exc:
         _fail(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
     Console().print((out / "report.md").read_text())
-    overall = metrics["overall"]
-    console.print(f"[green]{metrics['n']} examples[/] written to {out} (errors: {overall['errors']})")
+    errors = metrics["overall"]["errors"]
+    console.print(f"[green]{metrics['n']} results[/] written to {out} (errors: {errors})")
+    if errors:
+        console.print(
+            f"[yellow]{errors} examples have no result[/] (their failed attempts are in {out / 'errors.jsonl'}); "
+            "re-run the same command to retry them",
+            soft_wrap=True,
+        )
 
 
 @app.command("report")
@@ -492,7 +511,9 @@ def train_sft_command(
 
     try:
         out = main(config, _options(option))
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except ConfigError as exc:
+        _fail(str(exc), CONFIG_ERROR)
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"model saved to [bold]{out}[/] (use --llm hf:{out})")
 
@@ -508,7 +529,9 @@ def train_acesearcher_command(
 
     try:
         summary = main(config, _options(option))
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except ConfigError as exc:
+        _fail(str(exc), CONFIG_ERROR)
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     console.print(summary if isinstance(summary, str) else json.dumps(summary, indent=2, default=str)[:4000])
 
@@ -524,7 +547,9 @@ def train_exsearch_command(
 
     try:
         summary = main(config, _options(option))
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except ConfigError as exc:
+        _fail(str(exc), CONFIG_ERROR)
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     console.print(json.dumps(summary, indent=2, default=str)[:4000])
 
@@ -540,7 +565,9 @@ def train_arena_command(
 
     try:
         summary = main(config, _options(option))
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except ConfigError as exc:
+        _fail(str(exc), CONFIG_ERROR)
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     console.print(json.dumps(summary, indent=2, default=str)[:4000])
 
@@ -556,7 +583,9 @@ def train_s3_command(
 
     try:
         summary = main(config, _options(option))
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except ConfigError as exc:
+        _fail(str(exc), CONFIG_ERROR)
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     console.print(json.dumps(summary, indent=2, default=str)[:4000])
 

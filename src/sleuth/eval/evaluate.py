@@ -2,34 +2,47 @@
 
 Run directory::
 
-    RUN/config.json    the resolved configuration (refuses to resume into a run of a different configuration)
-    RUN/traces.jsonl   one Trace per line, with trace.meta["scores"]; an example is done when its line is written
-    RUN/metrics.json   overall and per-dataset means, LLM calls, tokens and seconds per question, fallbacks, errors
+    RUN/config.json    the resolved configuration; a run that holds results refuses to resume with different
+                       settings (one that holds none takes the new settings)
+    RUN/traces.jsonl   the results: one Trace per line, with trace.meta["scores"]; an example is done when its
+                       line is written
+    RUN/errors.jsonl   failed attempts: the Trace of every example whose agent raised (with trace.error and its
+                       traceback), one line per attempt; these examples are not done, a re-run retries them
+    RUN/metrics.json   overall and per-dataset means over the results, LLM calls, tokens and seconds per question,
+                       fallbacks, and ``errors``: examples with no result whose last attempt failed (not in ``n``)
     RUN/report.md      the same as a markdown table
+    RUN/eval.lock      held (``fcntl.flock``) by the one ``sleuth eval`` writing the run; it holds that process's pid
     RUN/open-index/    (open mode) a BM25 index per dataset over the paragraphs the dataset gives
 
-A killed run re-run with the same arguments skips every example whose trace line is complete (a torn last line is
-cut off), so no example is lost or duplicated.
+A killed run re-run with the same arguments skips every example whose result line is complete (a torn last line is
+cut off) and retries every example that failed, so no example is lost or duplicated. A second ``sleuth eval`` on
+the same directory is refused while the first holds the lock. Reading keeps one record per (dataset, example id):
+the last complete one, except that a failed attempt never replaces a result; a resume rewrites a traces file that
+held duplicates (two writers before the lock existed) or failed attempts (runs before errors.jsonl) accordingly.
+A run whose every attempted example failed writes its metrics, then raises :class:`EvalError` with the first error.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import logging
 import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sleuth.agents import Context, get_agent
 from sleuth.agents.base import configure
+from sleuth.config_check import check_field
 from sleuth.eval.metrics import score_example
-from sleuth.llm import load_llm
+from sleuth.llm import Sampling, load_llm
 from sleuth.records import Example, Trace
 from sleuth.retrieval import Retriever, load_retriever
 
@@ -38,8 +51,16 @@ logger = logging.getLogger("sleuth.eval")
 RESUME_KEYS = ("method", "data", "format", "limit", "llm", "generator", "index", "open", "method_config")
 
 
+LOCK_FILE = "eval.lock"
+
+
 class EvalError(RuntimeError):
-    """A run cannot start or resume (e.g. the run directory holds a different configuration)."""
+    """A run cannot start or resume (e.g. the run directory holds a different configuration), or every example
+    it attempted failed."""
+
+
+class EvalConfigError(EvalError):
+    """A setting of the run is invalid (an unknown option, a value of the wrong type or out of range)."""
 
 
 @dataclass
@@ -107,14 +128,27 @@ def rescore_legacy(trace: Trace) -> Trace:
     return trace
 
 
-def read_traces(path: Path, repair: bool = False) -> list[Trace]:
-    """The complete trace lines of ``path``; with ``repair`` a torn last line (a killed write) is cut off.
+def trace_key(trace: Trace) -> tuple[Any, str]:
+    """What identifies an example in a run: its dataset label and its id."""
+    return trace.example.metadata.get("dataset"), trace.example.id
 
-    A line that does not parse as a Trace is skipped with a warning (logger ``sleuth.eval``), so its example
-    counts as not done and a resume runs it again instead of failing.
+
+def read_traces(path: Path, repair: bool = False) -> list[Trace]:
+    """The complete trace lines of ``path``, one per example; with ``repair`` a torn last line (a killed write) is
+    cut off.
+
+    Records are keyed by :func:`trace_key`: of several records of one example the last complete one wins, except
+    that a failed attempt (``trace.error``) never replaces a result. A line that does not parse as a Trace is
+    skipped with a warning (logger ``sleuth.eval``), so its example counts as not done and a resume runs it again
+    instead of failing.
     """
+    return _read_records(path, repair)[0]
+
+
+def _read_records(path: Path, repair: bool = False) -> tuple[list[Trace], int]:
+    """:func:`read_traces` and the number of non-blank lines read (more than the traces: duplicates, bad lines)."""
     if not path.exists():
-        return []
+        return [], 0
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         if not repair:
@@ -124,15 +158,22 @@ def read_traces(path: Path, repair: bool = False) -> list[Trace]:
             with open(path, "r+b") as f:
                 f.truncate(keep)
             data = data[:keep]
-    traces = []
+    traces: dict[tuple[Any, str], Trace] = {}
+    lines = 0
     for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
         if not line.strip():
             continue
+        lines += 1
         try:
-            traces.append(Trace.from_json(line))
+            trace = Trace.from_json(line)
         except (ValueError, KeyError, TypeError) as exc:  # e.g. a write cut short by a full disk, then resumed
             logger.warning("%s:%d: skipped an unreadable trace line (%s); its example runs again", path, number, exc)
-    return traces
+            continue
+        key = trace_key(trace)
+        kept = traces.get(key)
+        if kept is None or not trace.error or kept.error:
+            traces[key] = trace
+    return list(traces.values()), lines
 
 
 def trace_line(trace: Trace) -> str:
@@ -159,11 +200,17 @@ def trace_line(trace: Trace) -> str:
         return bare.to_json() + "\n"
 
 
-def aggregate(traces: Iterable[Trace]) -> dict[str, Any]:
-    """Means of every score (ignoring None), plus cost and robustness counts, overall and per dataset."""
-    traces = list(traces)
+def aggregate(traces: Iterable[Trace], errors: Iterable[Trace] = ()) -> dict[str, Any]:
+    """Means of every score (ignoring None), plus cost and robustness counts, overall and per dataset.
 
-    def summary(group: list[Trace]) -> dict[str, Any]:
+    Only results count: a trace with ``error`` (among ``traces``, or in ``errors``, the failed attempts of examples
+    that have no result) is left out of ``n`` and the means and counted in ``errors``.
+    """
+    given = list(traces)
+    traces = [t for t in given if not t.error]
+    failed = [t for t in given if t.error] + list(errors)
+
+    def summary(group: list[Trace], failures: list[Trace]) -> dict[str, Any]:
         sums: dict[str, float] = {}
         counts: Counter[str] = Counter()
         for trace in group:
@@ -183,16 +230,19 @@ def aggregate(traces: Iterable[Trace]) -> dict[str, Any]:
             "wall_seconds": _wall_seconds(group) / n,
             "fallbacks": sum(kinds.values()),
             "fallback_kinds": dict(kinds),
-            "errors": sum(1 for t in group if t.error),
+            "errors": len(failures),
         }
 
-    datasets: dict[str, list[Trace]] = {}
+    datasets: dict[str, tuple[list[Trace], list[Trace]]] = {}
     for trace in traces:
-        datasets.setdefault(trace.example.metadata.get("dataset", "data"), []).append(trace)
+        datasets.setdefault(trace.example.metadata.get("dataset", "data"), ([], []))[0].append(trace)
+    for trace in failed:
+        datasets.setdefault(trace.example.metadata.get("dataset", "data"), ([], []))[1].append(trace)
     return {
         "n": len(traces),
-        "overall": summary(traces),
-        "per_dataset": {name: summary(group) for name, group in datasets.items()},
+        "errors": len(failed),
+        "overall": summary(traces, failed),
+        "per_dataset": {name: summary(*groups) for name, groups in datasets.items()},
     }
 
 
@@ -216,16 +266,54 @@ def _wall_seconds(group: list[Trace]) -> float:
 
 
 def _method_config(config: EvalConfig) -> Any:
+    """The method's config with ``--set`` options, ``k`` and ``max_new_tokens`` applied, every value checked;
+    :class:`EvalConfigError` names the first bad one."""
     spec = get_agent(config.method)
     try:
+        for name in ("limit", "k", "max_new_tokens", "concurrency"):
+            check_field(EvalConfig, name, getattr(config, name))
         method_config = configure(spec.config_cls, config.method_config)
+        if config.k is not None and hasattr(method_config, "k"):
+            check_field(type(method_config), "k", config.k)
+            method_config.k = config.k
+        if config.max_new_tokens is not None and hasattr(method_config, "sampling"):
+            check_field(Sampling, "max_new_tokens", config.max_new_tokens)
+            method_config.sampling = dataclasses.replace(method_config.sampling, max_new_tokens=config.max_new_tokens)
+        validate = getattr(method_config, "validate", None)
+        if callable(validate):  # the agents' own checks (choices of string options)
+            validate()
     except ValueError as exc:
-        raise EvalError(str(exc)) from None
-    if config.k is not None and hasattr(method_config, "k"):
-        method_config.k = config.k
-    if config.max_new_tokens is not None and hasattr(method_config, "sampling"):
-        method_config.sampling = dataclasses.replace(method_config.sampling, max_new_tokens=config.max_new_tokens)
+        raise EvalConfigError(str(exc)) from None
     return method_config
+
+
+@contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold ``OUT/eval.lock`` (``fcntl.flock``, released by the OS when the process ends, killed or not) for one
+    writer; a second gets :class:`EvalError` naming the holder's pid."""
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = ""
+            for _ in range(20):  # the holder writes its pid right after taking the lock
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                if holder:
+                    break
+                time.sleep(0.05)
+            raise EvalError(
+                f"{out} is in use by another sleuth eval (pid {holder or 'unknown'}); wait for it to finish, or use "
+                "another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
 
 
 def open_retriever(examples: list[Example], out: Path, name: str) -> Retriever:
@@ -259,23 +347,36 @@ def unique_ids(examples: list[Example]) -> list[Example]:
 
 
 def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) an evaluation; return the metrics written to ``metrics.json``."""
-    from sleuth.data import load_examples
+    """Run (or resume) an evaluation; return the metrics written to ``metrics.json``.
 
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    Every setting is checked before the run directory is touched or a model loads (:class:`EvalConfigError`).
+    Raises :class:`EvalError` when another process holds the run directory, and, after writing the metrics, when
+    every example this call attempted failed (the message carries the first error).
+    """
     spec = get_agent(config.method)
     method_config = _method_config(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with run_lock(out):
+        return _evaluate_locked(config, spec, method_config, out, progress)
+
+
+def _evaluate_locked(config: EvalConfig, spec: Any, method_config: Any, out: Path, progress: bool) -> dict[str, Any]:
+    from sleuth.data import load_examples
+
+    traces_path, errors_path = out / "traces.jsonl", out / "errors.jsonl"
+    results = _tidy_results(traces_path, errors_path)
     resolved = {**asdict(config), "method_config": _jsonable(method_config)}
     config_path = out / "config.json"
-    if config_path.exists():
-        previous = json.loads(config_path.read_text())
-        changed = [key for key in RESUME_KEYS if previous.get(key) != resolved.get(key)]
-        if changed:
-            raise EvalError(f"{out} holds a run with different {changed}; use another --out to start a new run")
-        resolved["started_at"] = previous.get("started_at")
-    else:
-        resolved["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    previous = _read_json(config_path)
+    changed = [key for key in RESUME_KEYS if previous.get(key) != resolved.get(key)] if previous else []
+    if changed and results:
+        raise EvalError(f"{out} holds a run with different {changed}; use another --out to start a new run")
+    if changed:  # no results yet (e.g. the model failed to load): the new settings replace the old ones
+        errors_path.unlink(missing_ok=True)  # failed attempts under the old settings
+    resolved["started_at"] = (previous.get("started_at") if previous and not changed else None) or time.strftime(
+        "%Y-%m-%dT%H:%M:%S"
+    )
     from sleuth import __version__
 
     resolved["sleuth_version"] = __version__
@@ -287,12 +388,12 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     )
     config_path.write_text(json.dumps(resolved, indent=2) + "\n")
 
-    traces_path = out / "traces.jsonl"
-    done = {(t.example.metadata.get("dataset"), t.example.id) for t in read_traces(traces_path, repair=True)}
+    done = {trace_key(t) for t in results}
     llm: Any = None  # loaded on first need: re-running a finished run only recomputes its report
     roles: dict[str, Any] = {}
     shared_retriever: Retriever | None = None
-    with open(traces_path, "a", encoding="utf-8") as sink:
+    tally = _Tally()
+    with open(traces_path, "a", encoding="utf-8") as sink, open(errors_path, "a", encoding="utf-8") as error_sink:
         for path in config.data:
             name = dataset_name(path)
             examples = unique_ids(load_examples(path, format=config.format, limit=config.limit))
@@ -314,16 +415,67 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
             if config.generator and "generator" not in roles:
                 roles["generator"] = load_llm(None if config.generator == "default" else config.generator)
             ctx = Context(llm=llm, retriever=retriever, config=method_config, roles=roles)
-            _run_dataset(config, ctx, todo, name, sink, progress, already=len(examples) - len(todo))
+            sinks = (sink, error_sink)
+            _run_dataset(config, ctx, todo, name, sinks, progress, already=len(examples) - len(todo), tally=tally)
 
     if config.judge:
         _judge_traces(config, out, llm)
-    metrics = aggregate(rescore_legacy(t) for t in read_traces(traces_path))
+    results = read_traces(traces_path)
+    done = {trace_key(t) for t in results}
+    failed = [t for t in read_traces(errors_path) if trace_key(t) not in done]
+    metrics = aggregate((rescore_legacy(t) for t in results), errors=failed)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     from sleuth.eval.report import markdown_report
 
     (out / "report.md").write_text(markdown_report(out))
+    if tally.attempted and tally.failed == tally.attempted:
+        raise EvalError(
+            f"all {tally.attempted} examples failed (written to {errors_path}; a re-run retries them); "
+            f"first error: {tally.first_error}"
+        )
     return metrics
+
+
+@dataclass
+class _Tally:
+    """What one call of :func:`evaluate` attempted, and its first failure (``dataset/id: error``)."""
+
+    attempted: int = 0
+    failed: int = 0
+    first_error: str | None = None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _tidy_results(traces_path: Path, errors_path: Path) -> list[Trace]:
+    """The results in ``traces.jsonl`` (a torn last line cut off), one per example. A file that holds more lines
+    than that (duplicates from two writers, failed attempts written before ``errors.jsonl`` existed, unreadable
+    lines) is rewritten atomically with the results only, its failed attempts moved to ``errors.jsonl``."""
+    traces, lines = _read_records(traces_path, repair=True)
+    results = [t for t in traces if not t.error]
+    if lines > len(results):
+        failed = [t for t in traces if t.error]
+        if failed:
+            with open(errors_path, "a", encoding="utf-8") as f:
+                f.write("".join(trace_line(t) for t in failed))
+        logger.warning(
+            "%s: kept %d results of %d lines (%d failed attempts moved to %s)",
+            traces_path,
+            len(results),
+            lines,
+            len(failed),
+            errors_path.name,
+        )
+        tmp = traces_path.with_name(traces_path.name + ".tmp")
+        tmp.write_text("".join(trace_line(t) for t in results), encoding="utf-8")
+        os.replace(tmp, traces_path)
+    return results
 
 
 def _judge_traces(config: EvalConfig, out: Path, llm: Any | None) -> None:
@@ -358,8 +510,17 @@ def _judge_traces(config: EvalConfig, out: Path, llm: Any | None) -> None:
 
 
 def _run_dataset(
-    config: EvalConfig, ctx: Context, todo: list[Example], name: str, sink: Any, progress: bool, already: int
+    config: EvalConfig,
+    ctx: Context,
+    todo: list[Example],
+    name: str,
+    sinks: tuple[Any, Any],
+    progress: bool,
+    already: int,
+    tally: _Tally,
 ) -> None:
+    """Run ``todo``; each result line goes to ``sinks[0]`` (traces.jsonl), each failed attempt to ``sinks[1]``
+    (errors.jsonl), written and fsynced as its example finishes."""
     import asyncio
 
     from sleuth.runner import arun
@@ -374,30 +535,39 @@ def _run_dataset(
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("EM {task.fields[em]}"),
+            TextColumn("errors {task.fields[errors]}"),
             TimeElapsedColumn(),
         )
-        task = bar.add_task(f"{config.method} · {name}", total=len(todo) + already, completed=already, em="–")
+        task = bar.add_task(
+            f"{config.method} · {name}", total=len(todo) + already, completed=already, em="–", errors=0
+        )
         bar.start()
 
     def write(trace: Trace) -> None:
-        try:
-            trace.meta["scores"] = score_trace(trace)
-        except Exception as exc:  # scored as unanswered and kept: a resume would fail on it again
-            note = f"scoring failed: {type(exc).__name__}: {exc}"
-            trace.error = f"{trace.error}; {note}" if trace.error else note
-            trace.meta["scores"] = {}
+        if not trace.error:
+            try:
+                trace.meta["scores"] = score_trace(trace)
+            except Exception as exc:  # a failed attempt: kept in errors.jsonl, retried by a resume
+                trace.error = f"scoring failed: {type(exc).__name__}: {exc}"
+        line = trace_line(trace)  # may add an error (a trace that cannot be serialised)
+        sink = sinks[1] if trace.error else sinks[0]
         # A failing write (disk full) reaches the runner, which records it in this trace; the line is then
         # missing, so a resume runs the example again.
-        sink.write(trace_line(trace))  # one write per complete line: a kill leaves at most a torn last line
+        sink.write(line)  # one write per complete line: a kill leaves at most a torn last line
         sink.flush()
         os.fsync(sink.fileno())
-        em = trace.meta["scores"].get("em")
+        tally.attempted += 1
+        if trace.error:
+            tally.failed += 1
+            if tally.first_error is None:
+                tally.first_error = f"{name}/{trace.example.id}: " + " ".join(trace.error.split())
+        em = (trace.meta.get("scores") or {}).get("em") if not trace.error else None
         if em is not None:
             running["n"] += 1
             running["em"] += em
         if bar is not None and task is not None:
             shown = f"{100 * running['em'] / running['n']:.1f}" if running["n"] else "–"
-            bar.update(task, advance=1, em=shown)
+            bar.update(task, advance=1, em=shown, errors=tally.failed)
 
     try:
         asyncio.run(arun(config.method, todo, ctx, concurrency=config.concurrency, on_trace=write, progress=False))

@@ -396,7 +396,8 @@ def markdown_report(run_dir: str | Path) -> str:
         "LLM calls and tokens (prompt + completion) are means per question; latency s/q = mean time from an "
         "example's start to its answer (with many examples in flight each waits for the batched calls); wall s/q = "
         "the run's wall-clock time divided by its questions (throughput); fallbacks = steps that used a lenient "
-        "parsing rule; errors = examples whose agent raised (scored as unanswered)."
+        "parsing rule; errors = examples with no result because their last attempt raised (not in n or the means; "
+        "a re-run retries them)."
     )
     kinds = _fallback_kinds(run.metrics)
     if kinds:
