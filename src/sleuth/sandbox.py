@@ -1139,7 +1139,8 @@ def _parse_result_line(line: bytes) -> Any:
 
 
 def _nesting_depth(line: bytes) -> int:
-    """The deepest bracket nesting in a JSON text (brackets inside strings not counted), in one linear pass."""
+    """The deepest bracket nesting in a JSON text (brackets inside strings not counted), in one linear pass; a line
+    with no more brackets than the limit gets its bracket count (an upper bound) without the scan."""
     if line.count(b"[") + line.count(b"{") <= _RESULT_DEPTH_LIMIT:  # the usual line: too few brackets to matter
         return line.count(b"[") + line.count(b"{")
     depth = deepest = 0
