@@ -37,7 +37,9 @@ and why. Each warm-start setting trains into its own directory next to the other
 vLLM servers sleuth starts (``vllm``, or a ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when
 vLLM is installed (``make vllm``), else ``hf``, and ``hf`` with ``--smoke``. The PPO rollouts sample from the live
 searcher: a vLLM rollout server reloads LoRA adapters, and this benchmark fine-tunes all weights. The engine and
-``--llm-options`` say how a stage is computed, not what: they are not part of the stages' keys.
+``--llm-options`` say how a stage is computed, not what: they are not part of the stages' keys. On a GPU the
+generator's server and an evaluation's server run at once and share its memory (``SLEUTH_VLLM_GPU_SERVERS=2``
+unless set: 0.45 each, docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -327,6 +330,10 @@ def main() -> None:
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
     print(f"engine: {args.engine}", flush=True)
+    if args.engine != "hf":
+        # the generator's server stays up while each searcher evaluation starts one of its own: on a GPU the two
+        # share its memory (0.45 each, sleuth.llm.vllm_server) instead of the second finding vLLM's 0.9 taken
+        os.environ.setdefault("SLEUTH_VLLM_GPU_SERVERS", "2")
 
     from sleuth.agents.s3 import S3Config
     from sleuth.assets import ensure_default_model

@@ -741,3 +741,146 @@ def test_install_runs_the_plan_once_and_refuses_to_mix_builds(tmp_path: Path) ->
     failing.commands = [[sys.executable, "-c", "raise SystemExit(7)"], step]
     assert vi.install(failing, out.open("w")) == 7
     assert vi.installed_target(venv) is None and ran.read_text() == "step\nstep\n"
+
+
+# -------------------------------------------------------------------- several servers on one GPU
+
+
+def test_gpu_memory_share_divides_what_is_left() -> None:
+    def live(*shares: float) -> list[dict]:
+        return [{"model": f"/m/{i}", "pid": 100 + i, "gpu_memory_utilization": s} for i, s in enumerate(shares)]
+
+    assert vs.gpu_memory_share(None, [], 1)[:2] == (None, 0.9)  # alone: vLLM's own default, no flag
+    assert vs.gpu_memory_share(None, [], 2)[:2] == (0.45, 0.45)
+    assert vs.gpu_memory_share(None, live(0.45), 2)[:2] == (0.45, 0.45)
+    assert vs.gpu_memory_share(None, live(0.3, 0.3), 3)[:2] == (0.3, 0.3)
+    assert vs.gpu_memory_share(None, live(0.5), 1)[:2] == (0.4, 0.4)  # a spec took 0.5: the rest
+    assert vs.gpu_memory_share(None, live(0.2), 3)[:2] == (0.35, 0.35)
+    assert vs.gpu_memory_share(0.3, live(0.9), 1)[:2] == (0.3, 0.3)  # the spec's value is kept
+    with pytest.raises(LLMError, match=r"no GPU memory left.*hold 0\.9: 0 \(pid 100: 0\.9\).*SLEUTH_VLLM_GPU_SERVERS"):
+        vs.gpu_memory_share(None, live(0.9), 1)
+    with pytest.raises(LLMError, match="no GPU memory left"):
+        vs.gpu_memory_share(None, live(0.45, 0.45), 2)
+
+
+def gpu_argument(command: list[str]) -> str | None:
+    flag = "--gpu-memory-utilization"
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def test_two_gpu_servers_divide_the_memory(
+    home: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLEUTH_VLLM_GPU_SERVERS", "2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spec = f"python={fake_python}&device=gpu&max_num_seqs=4"
+    first = load_llm(f"vllm:a?{spec}")
+    try:
+        second = load_llm(f"vllm:b?{spec}")
+        try:
+            assert gpu_argument(first.server.command) == gpu_argument(second.server.command) == "0.45"
+            assert gpu_argument(record(home)["argv"]) == "0.45"  # what the second server process was given
+            assert chat(second, "y") == "echo: y"
+            started = capsys.readouterr().err
+            assert "vllm: starting b on" in started and "gpu_memory_utilization 0.45: 0.45 left of 0.9 / 1" in started
+            assert "1 other sleuth vLLM server(s) on this GPU hold 0.45: a (pid" in started
+            assert "[sleuth] gpu_memory_utilization 0.45" in second.server.log_path.read_text()
+            assert len(list((home / "home" / "vllm" / "servers").glob("*.json"))) == 2
+            # the GPU is shared out: a third is refused before it starts, one whose spec sets its share is not
+            logs = set((home / "home" / "vllm" / "logs").glob("*.log"))
+            with pytest.raises(LLMError, match="no GPU memory left.*hold 0.9: a .*b .*SLEUTH_VLLM_GPU_SERVERS=N"):
+                load_llm(f"vllm:c?{spec}")
+            assert set((home / "home" / "vllm" / "logs").glob("*.log")) == logs
+            mine = load_llm(f"vllm:d?{spec}&gpu_memory_utilization=0.05")
+            assert gpu_argument(mine.server.command) == "0.05"
+            mine.close()
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert list((home / "home" / "vllm" / "servers").glob("*.json")) == []  # stopped servers hold nothing
+    again = load_llm(f"vllm:e?{spec}")
+    try:
+        assert gpu_argument(again.server.command) == "0.45"
+    finally:
+        again.close()
+
+
+def test_one_gpu_server_by_default_and_a_second_is_refused_with_the_fix(
+    home: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SLEUTH_VLLM_GPU_SERVERS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    first = load_llm(f"vllm:a?python={fake_python}&device=gpu")
+    try:
+        assert gpu_argument(first.server.command) is None  # alone, vLLM's own 0.9 as before
+        with pytest.raises(LLMError, match="Set SLEUTH_VLLM_GPU_SERVERS=N.*or gpu_memory_utilization="):
+            load_llm(f"vllm:b?python={fake_python}&device=gpu")
+        cpu = load_llm(f"vllm:c?python={fake_python}&device=cpu")  # CPU servers take no GPU memory
+        assert gpu_argument(cpu.server.command) is None and cpu.server.registry_entry is None
+        cpu.close()
+    finally:
+        first.close()
+    monkeypatch.setenv("SLEUTH_VLLM_GPU_SERVERS", "zero")
+    with pytest.raises(LLMError, match="SLEUTH_VLLM_GPU_SERVERS='zero'"):
+        load_llm(f"vllm:a?python={fake_python}&device=gpu")
+
+
+def test_records_of_gone_servers_other_hosts_and_other_gpus_do_not_hold_memory(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    registry = vs.registry_dir()
+    registry.mkdir(parents=True)
+    me, host = os.getpid(), socket.gethostname()
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+
+    def entry(name: str, **fields: object) -> Path:
+        path = registry / f"{name}.json"
+        base = {"host": host, "pid": me, "start": vs._process_start(me), "devices": "all", "model": name}
+        path.write_text(json.dumps({**base, "gpu_memory_utilization": 0.3, **fields}))
+        return path
+
+    live = entry("live")
+    dead = entry("dead", pid=gone.pid, start="1")
+    reused = entry("reused", start="1")  # this pid, but another process's start time: the number was reused
+    elsewhere = entry("elsewhere", host=f"not-{host}")
+    other_gpu = entry("other-gpu", devices="1,2")
+    assert [e["model"] for e in vs.live_gpu_servers("0")] == ["live"]
+    assert [e["model"] for e in vs.live_gpu_servers("2")] == ["live", "other-gpu"]
+    assert [e["model"] for e in vs.live_gpu_servers()] == ["live", "other-gpu"]
+    assert live.exists() and elsewhere.exists() and other_gpu.exists()
+    assert not dead.exists() and not reused.exists()  # cleaned
+
+
+# -------------------------------------------------------------------- CPU-only settings stay on the CPU
+
+CPU_ONLY_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_USE_AOT_COMPILE")
+
+
+def test_cpu_only_settings_are_not_given_to_a_gpu_server(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpu = vs.ServerConfig(model="m", python="p", device="gpu")
+    assert not any(name in gpu.environment() for name in CPU_ONLY_ENV)
+    assert "--dtype" not in gpu.arguments(1) and "--max-model-len" not in gpu.arguments(1)
+    cpu = vs.ServerConfig(model="m", python="p", device="cpu")
+    assert all(name in cpu.environment() for name in CPU_ONLY_ENV)
+    assert cpu.arguments(1)[cpu.arguments(1).index("--dtype") + 1] == "float32"
+    # auto: a GPU visible means the GPU settings, on a machine of any size
+    monkeypatch.setattr(vs, "gpu_visible", lambda: True)
+    auto = vs.ServerConfig(model="m", python="p")
+    assert not auto.on_cpu and not any(name in auto.environment() for name in CPU_ONLY_ENV)
+    assert "--dtype" not in auto.arguments(1)
+
+
+def test_any_nvidia_device_node_is_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "nvidiactl").write_text("")
+    (tmp_path / "nvidia-uvm").write_text("")
+    assert not vs.gpu_visible(tmp_path)
+    (tmp_path / "nvidia3").write_text("")  # a container given only GPU 3
+    assert vs.gpu_visible(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not vs.gpu_visible(tmp_path)

@@ -21,17 +21,27 @@ and so do the normal end of the process, an exception, Ctrl-C and SIGTERM. It ru
 (:mod:`sleuth.llm.vllm_launcher`) that leads its own process group and holds a parent-death signal, so even a
 ``kill -9`` of sleuth takes down the server and every process vLLM started.
 
-Without a GPU (no ``/dev/nvidia0`` or ``/dev/kfd``, or ``CUDA_VISIBLE_DEVICES`` empty) the CPU settings measured in
-issue 18 are the defaults: ``--dtype float32``, ``--max-model-len 4096``, ``VLLM_CPU_KVCACHE_SPACE=4`` (GiB),
-``VLLM_CPU_OMP_THREADS_BIND`` set to the CPUs this process may run on (vLLM's own ``auto`` put the model on one
-core) and ``VLLM_USE_AOT_COMPILE=0`` (vllm-cpu cannot reload its AOT compile cache). Environment variables already
-set win over these.
+Without a GPU (no NVIDIA device node ``/dev/nvidiaN`` nor ``/dev/kfd``, or ``CUDA_VISIBLE_DEVICES`` empty) the CPU
+settings measured in issue 18 are the defaults: ``--dtype float32``, ``--max-model-len 4096``,
+``VLLM_CPU_KVCACHE_SPACE=4`` (GiB), ``VLLM_CPU_OMP_THREADS_BIND`` set to the CPUs this process may run on (vLLM's own
+``auto`` put the model on one core) and ``VLLM_USE_AOT_COMPILE=0`` (vllm-cpu cannot reload its AOT compile cache).
+Environment variables already set win over these. They are CPU-only: a server on a GPU gets none of them.
+
+Several servers on one GPU. vLLM's ``--gpu-memory-utilization`` (default 0.9) is the share of the GPU's memory one
+server takes, and a second server asking for 0.9 beside the first cannot start. sleuth records each GPU server it
+starts in ``$SLEUTH_HOME/vllm/servers/`` (host, devices, share, supervisor pid; a server whose supervisor is gone no
+longer counts), and a GPU server whose spec does not set ``gpu_memory_utilization`` gets a share of what sleuth's
+live servers on the same devices left of 0.9: ``left / (N - live)``, where ``N`` is ``$SLEUTH_VLLM_GPU_SERVERS``
+(default 1), the number of servers meant to run at once on one GPU. With ``N=2`` the first takes 0.45 and so does
+the second; with the default, a second server is refused before it starts, with a message naming the servers that
+hold the memory. The share and why are on the ``vllm: starting`` line and in the server's log. A value the spec
+sets is kept (and counts against what is left for the next ones).
 
 Options:
 
 ``tensor_parallel`` (1), ``max_model_len``, ``gpu_memory_utilization``, ``dtype``, ``max_num_seqs``
     vLLM's ``--tensor-parallel-size``, ``--max-model-len``, ``--gpu-memory-utilization``, ``--dtype``,
-    ``--max-num-seqs``; unset ones are vLLM's defaults (or the CPU defaults above).
+    ``--max-num-seqs``; unset ones are vLLM's defaults (or the CPU defaults above, or the GPU share above).
 ``enable_lora`` (0), ``max_lora_rank`` (16)
     Serve LoRA adapters loaded at run time (``--enable-lora --max-lora-rank R`` and
     ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), as :class:`sleuth.train.served_policy.ServedPolicy` needs.
@@ -42,7 +52,7 @@ Options:
 ``python``
     The interpreter that has vLLM (see the search order above).
 ``device`` (``auto``)
-    ``cpu`` or ``gpu`` to override the detection that picks the CPU defaults.
+    ``cpu`` or ``gpu`` to override the detection that picks the CPU defaults (and the GPU memory sharing).
 ``port`` (a free one), ``host`` (127.0.0.1)
     Where the server listens.
 ``startup_timeout`` (1800)
@@ -63,6 +73,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import getpass
+import json
+import math
 import os
 import shlex
 import signal
@@ -73,6 +85,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -83,6 +96,7 @@ import httpx
 from sleuth._http import number_option, refuse_credentials
 from sleuth.llm.base import LLMError, register_backend
 from sleuth.llm.openai_compat import OpenAICompatLLM
+from sleuth.llm.vllm_install import nvidia_device_nodes
 
 __all__ = [
     "ServerConfig",
@@ -114,6 +128,9 @@ CPU_DEFAULT_DTYPE = "float32"
 CPU_DEFAULT_MAX_MODEL_LEN = 4096
 CPU_MAX_NUM_SEQS_PER_RANK = 128
 GPU_MAX_NUM_SEQS = 256
+GPU_SERVERS_ENV = "SLEUTH_VLLM_GPU_SERVERS"
+GPU_MEMORY_BUDGET = 0.9  # vLLM's own --gpu-memory-utilization default: what sleuth's servers on one GPU share
+GPU_MEMORY_MIN_SHARE = 0.05  # below this no model fits; refuse before vLLM spends minutes finding that out
 
 _SERVER_OPTIONS = (
     "tensor_parallel",
@@ -183,12 +200,14 @@ def find_vllm_python(option: str | None = None) -> str:
     raise LLMError(f"vLLM is not installed: tried {', '.join(tried)}; {INSTALL_HINT}")
 
 
-def gpu_visible() -> bool:
-    """Whether a GPU is visible to a process started from here (NVIDIA or AMD device nodes, not hidden)."""
+def gpu_visible(dev: str | Path = "/dev") -> bool:
+    """Whether a GPU is visible to a process started from here (NVIDIA or AMD device nodes, not hidden).
+
+    Any ``/dev/nvidiaN`` counts: a container given one GPU by number sees only that node (``/dev/nvidia3``)."""
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     if hidden is not None and hidden.strip() in ("", "-1"):
         return False
-    return Path("/dev/nvidia0").exists() or Path("/dev/kfd").exists()
+    return bool(nvidia_device_nodes(dev)) or (Path(dev) / "kfd").exists()
 
 
 def _cpu_ranges(cpus: list[int]) -> str:
@@ -231,6 +250,128 @@ def cache_dir() -> Path:
     return sleuth_home() / "vllm" / "cache"
 
 
+# -------------------------------------------------------------------- GPU memory shared between sleuth's servers
+
+
+def registry_dir() -> Path:
+    """Where sleuth records the GPU servers it runs (one JSON file each, removed when the server stops)."""
+    from sleuth.assets import sleuth_home
+
+    return sleuth_home() / "vllm" / "servers"
+
+
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started (``/proc/PID/stat`` field 22), or None when it is not running: a pid with
+    another start time is another process that reused the number."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    return fields[19].decode()
+
+
+def _devices(env: dict[str, str]) -> str:
+    """The GPUs a server started with ``env`` may use: ``CUDA_VISIBLE_DEVICES``, or ``all``."""
+    return (env.get("CUDA_VISIBLE_DEVICES") or "").replace(" ", "") or "all"
+
+
+def _share_devices(a: str, b: str) -> bool:
+    return "all" in (a, b) or bool(set(a.split(",")) & set(b.split(",")))
+
+
+def gpu_servers_wanted() -> int:
+    """``$SLEUTH_VLLM_GPU_SERVERS``: how many of sleuth's vLLM servers are meant to share one GPU (default 1)."""
+    raw = os.environ.get(GPU_SERVERS_ENV, "").strip()
+    if not raw:
+        return 1
+    try:
+        wanted = int(raw)
+    except ValueError:
+        wanted = 0
+    if wanted < 1:
+        raise LLMError(f"${GPU_SERVERS_ENV}={raw!r}: expected the number of vLLM servers to share one GPU (>= 1)")
+    return wanted
+
+
+def live_gpu_servers(devices: str = "all") -> list[dict[str, Any]]:
+    """The GPU servers sleuth started on this host that are still running on any of ``devices``; the records of
+    servers whose supervisor is gone (sleuth was killed, the machine restarted) are removed."""
+    host = socket.gethostname()
+    live: list[dict[str, Any]] = []
+    for path in sorted(registry_dir().glob("*.json")):
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+            if entry["host"] != host:
+                continue
+            running = _process_start(int(entry["pid"])) == entry["start"]
+            entry["gpu_memory_utilization"] = float(entry["gpu_memory_utilization"])
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if not running:
+            path.unlink(missing_ok=True)
+        elif _share_devices(str(entry.get("devices", "all")), devices):
+            live.append(entry)
+    return live
+
+
+def gpu_memory_share(
+    requested: float | None, live: list[dict[str, Any]], wanted: int
+) -> tuple[float | None, float, str]:
+    """The ``--gpu-memory-utilization`` of a new GPU server beside the ``live`` ones: (the value to pass, or None for
+    vLLM's default; the share it holds; a line saying why).
+
+    A ``requested`` value (the spec's) is kept. Otherwise the server gets ``left / max(1, wanted - len(live))``,
+    rounded down to 0.01, where ``left`` is what the live servers leave of :data:`GPU_MEMORY_BUDGET`; alone and with
+    ``wanted == 1`` it passes nothing (vLLM's default is the whole budget). Raises :class:`LLMError` when that share
+    is below :data:`GPU_MEMORY_MIN_SHARE`.
+    """
+    held = round(sum(float(entry["gpu_memory_utilization"]) for entry in live), 4)
+    if live:
+        names = ", ".join(
+            f"{Path(str(e.get('model', '?'))).name} (pid {e.get('pid')}: {float(e['gpu_memory_utilization']):g})"
+            for e in live
+        )
+        others = f"{len(live)} other sleuth vLLM server(s) on this GPU hold {held:g}: {names}"
+    else:
+        others = "no other sleuth vLLM server on this GPU"
+    if requested is not None:
+        return requested, requested, f"gpu_memory_utilization {requested:g} (set in the spec; {others})"
+    left = round(GPU_MEMORY_BUDGET - held, 4)
+    slots = max(1, wanted - len(live))
+    share = math.floor(left / slots * 100 + 1e-6) / 100
+    if share < GPU_MEMORY_MIN_SHARE:
+        raise LLMError(
+            f"no GPU memory left for another vLLM server: {others}, of the {GPU_MEMORY_BUDGET:g} that sleuth's "
+            f"servers on one GPU share (vLLM's default --gpu-memory-utilization). Set {GPU_SERVERS_ENV}=N, the "
+            f"number of servers meant to run at once, before the first one starts (each then takes "
+            f"{GPU_MEMORY_BUDGET:g}/N), or gpu_memory_utilization= in each vllm: spec, or stop one of them"
+        )
+    if not live and wanted == 1:
+        return None, GPU_MEMORY_BUDGET, f"gpu_memory_utilization {GPU_MEMORY_BUDGET:g} (vLLM's default; {others})"
+    return (
+        share,
+        share,
+        f"gpu_memory_utilization {share:g}: {left:g} left of {GPU_MEMORY_BUDGET:g} / {slots} "
+        f"({GPU_SERVERS_ENV}={wanted}; {others})",
+    )
+
+
+@contextlib.contextmanager
+def _registry_lock() -> Iterator[None]:
+    """Hold the registry while a server's share is chosen and recorded, so two starts cannot take the same memory."""
+    import fcntl
+
+    registry_dir().mkdir(parents=True, exist_ok=True)
+    with open(registry_dir() / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 # -------------------------------------------------------------------- the server process
 
 
@@ -265,7 +406,8 @@ class ServerConfig:
             return self.max_num_seqs
         return CPU_MAX_NUM_SEQS_PER_RANK * self.tensor_parallel if self.on_cpu else GPU_MAX_NUM_SEQS
 
-    def arguments(self, port: int) -> list[str]:
+    def arguments(self, port: int, gpu_memory_utilization: float | None = None) -> list[str]:
+        """vLLM's arguments; ``gpu_memory_utilization`` is the share sleuth chose when the spec set none."""
         args = ["--model", self.model, "--host", self.host, "--port", str(port)]
         args += ["--generation-config", self.generation_config]
         if self.tensor_parallel != 1:
@@ -276,8 +418,9 @@ class ServerConfig:
         max_len = self.max_model_len or (CPU_DEFAULT_MAX_MODEL_LEN if self.on_cpu else None)
         if max_len:
             args += ["--max-model-len", str(max_len)]
-        if self.gpu_memory_utilization is not None:
-            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        memory = self.gpu_memory_utilization if self.gpu_memory_utilization is not None else gpu_memory_utilization
+        if memory is not None:
+            args += ["--gpu-memory-utilization", f"{memory:g}"]
         if self.max_num_seqs:
             args += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.enable_lora:
@@ -346,6 +489,8 @@ class VLLMServer:
         self.log_path = log_dir() / f"vllm-{stamp}-{os.getpid()}-{self.port}.log"
         self.command = [config.python, "-m", SERVER_MODULE, *config.arguments(self.port)]
         self.process: subprocess.Popen[bytes] | None = None
+        self.gpu_memory_note = ""  # on a GPU: the server's --gpu-memory-utilization and why
+        self.registry_entry: Path | None = None
         self._lock = threading.Lock()
 
     @property
@@ -364,20 +509,35 @@ class VLLMServer:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
-        """Start the server and wait until it answers ``/health``; on any failure stop it and raise LLMError."""
+        """Start the server and wait until it answers ``/health``; on any failure stop it and raise LLMError.
+
+        On a GPU the server's memory share is chosen beside sleuth's other servers there (module docstring)."""
         self.grace = STOP_GRACE_S
-        launcher = [self.config.python, str(LAUNCHER), str(os.getpid()), str(self.grace), "--", *self.command]
-        with open(self.log_path, "ab") as log:
-            log.write(f"[sleuth] {shlex.join(self.command)}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                launcher,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.config.environment(),
-                start_new_session=True,
-            )
+        env = self.config.environment()
+        on_gpu = not self.config.on_cpu
+        with _registry_lock() if on_gpu else contextlib.nullcontext():
+            held, devices = 0.0, _devices(env)
+            if on_gpu:
+                value, held, self.gpu_memory_note = gpu_memory_share(
+                    self.config.gpu_memory_utilization, live_gpu_servers(devices), gpu_servers_wanted()
+                )
+                self.command = [self.config.python, "-m", SERVER_MODULE, *self.config.arguments(self.port, value)]
+            launcher = [self.config.python, str(LAUNCHER), str(os.getpid()), str(self.grace), "--", *self.command]
+            with open(self.log_path, "ab") as log:
+                log.write(f"[sleuth] {shlex.join(self.command)}\n".encode())
+                if self.gpu_memory_note:
+                    log.write(f"[sleuth] {self.gpu_memory_note}\n".encode())
+                log.flush()
+                self.process = subprocess.Popen(
+                    launcher,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            if on_gpu:
+                self._register(devices, held)
         _LIVE.add(self)
         _install_sigterm_handler()
         try:
@@ -386,11 +546,39 @@ class VLLMServer:
             self.stop()
             raise
 
+    def _register(self, devices: str, held: float) -> None:
+        assert self.process is not None
+        start = _process_start(self.process.pid)
+        if start is None:  # the supervisor is already gone: nothing holds memory
+            return
+        entry = {
+            "host": socket.gethostname(),
+            "pid": self.process.pid,
+            "start": start,
+            "devices": devices,
+            "gpu_memory_utilization": held,
+            "model": self.config.model,
+            "url": self.base_url,
+            "log": str(self.log_path),
+            "sleuth_pid": os.getpid(),
+        }
+        path = registry_dir() / f"{socket.gethostname()}-{self.process.pid}.json"
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps(entry, indent=1), encoding="utf-8")
+        partial.replace(path)
+        self.registry_entry = path
+
+    def _unregister(self) -> None:
+        if self.registry_entry is not None:
+            self.registry_entry.unlink(missing_ok=True)
+            self.registry_entry = None
+
     def _wait_healthy(self) -> None:
         health = self.base_url.removesuffix("/v1") + "/health"
         started = time.monotonic()
         next_progress = started + PROGRESS_EVERY_S
-        self.progress.write(f"vllm: starting {self.config.model} on {self.base_url} (log: {self.log_path})\n")
+        memory = f", {self.gpu_memory_note}" if self.gpu_memory_note else ""
+        self.progress.write(f"vllm: starting {self.config.model} on {self.base_url}{memory} (log: {self.log_path})\n")
         self.progress.flush()
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while True:
@@ -439,25 +627,32 @@ class VLLMServer:
         """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds; idempotent."""
         grace = STOP_GRACE_S if grace is None else grace
         with self._lock:
-            process = self.process
-            _LIVE.discard(self)
-            if process is None or process.returncode is not None:
-                return
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)
             try:
-                # the launcher itself waits up to its grace for the group, then kills it; a little more here
-                process.wait(timeout=grace + 5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            # the launcher is gone; anything left in its group (it would be a bug in the launcher) goes too
+                self._stop_process(grace)
+            finally:
+                self._unregister()  # only once the server is gone: its memory is free for the next one
+
+    def _stop_process(self, grace: float) -> None:
+        process = self.process
+        _LIVE.discard(self)
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            # the launcher itself waits up to its grace for the group, then kills it; a little more here
+            process.wait(timeout=grace + 5)
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        # the launcher is gone; anything left in its group (it would be a bug in the launcher) goes too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
 
     def describe(self) -> dict[str, Any]:
-        return {"pid": self.pid, "url": self.base_url, "log": str(self.log_path), "command": self.command}
+        info = {"pid": self.pid, "url": self.base_url, "log": str(self.log_path), "command": self.command}
+        return {**info, "gpu_memory": self.gpu_memory_note} if self.gpu_memory_note else info
 
 
 def start_server(config: ServerConfig, *, progress: TextIO | None = None, attempts: int = 3) -> VLLMServer:
