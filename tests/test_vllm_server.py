@@ -884,3 +884,19 @@ def test_any_nvidia_device_node_is_a_gpu(tmp_path: Path, monkeypatch: pytest.Mon
     assert vs.gpu_visible(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert not vs.gpu_visible(tmp_path)
+
+
+def test_hf_threads_apply_only_on_cpu_and_default_to_torchs(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from sleuth.llm.hf import cpu_threads
+
+    assert (cpu_threads("cpu", 2), cpu_threads("cuda", 2), cpu_threads("cpu", None)) == (2, None, None)
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    load_llm(f"hf:{tiny_model_dir}?device=cpu")
+    assert calls == []  # torch's default: every core
+    load_llm(f"hf:{tiny_model_dir}?device=cpu&threads=2")
+    assert calls == [2]

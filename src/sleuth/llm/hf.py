@@ -8,8 +8,10 @@ before it (OpenAI semantics). Greedy decoding gives the same text batched or alo
 
 Options: ``device`` (``cpu``, ``cuda``, ``cuda:1``; default cuda when available), ``dtype`` (``float32``,
 ``bfloat16``, ``float16``; default bfloat16 on a GPU that supports it, else float32), ``max_batch`` (rows per
-batch, default 32), ``threads`` (torch CPU threads), ``max_padding`` (split a batch into length groups whose padded
-size is at most this multiple of their real tokens; default 1.25 on CPU, 0 = never split, on GPU).
+batch, default 32), ``threads`` (torch CPU threads, on a CPU device only; unset, torch's default uses every core;
+ignored on a GPU, where fewer CPU threads would only slow the rest of the process), ``max_padding`` (split a batch
+into length groups whose padded size is at most this multiple of their real tokens; default 1.25 on CPU, 0 = never
+split, on GPU).
 """
 
 from __future__ import annotations
@@ -71,9 +73,9 @@ class HFLLM(LLM):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the "Loading weights" bar would interleave with sleuth's own output
-        if threads:
-            torch.set_num_threads(threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if (count := cpu_threads(self.device.type, threads)) is not None:
+            torch.set_num_threads(count)
         if dtype is None:
             use_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
             torch_dtype = torch.bfloat16 if use_bf16 else torch.float32
@@ -365,6 +367,16 @@ class HFLLM(LLM):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": self.path, "device": str(self.device), "dtype": str(self.model.dtype)}
+
+
+def cpu_threads(device_type: str, threads: int | None) -> int | None:
+    """The torch thread count to set for a model on ``device_type``: ``threads`` on ``cpu``, else None (leave
+    torch's default, every core). A benchmark's ``threads=2``, sized for a 2-core CPU, must not throttle a GPU host.
+
+    >>> cpu_threads("cpu", 2), cpu_threads("cuda", 2), cpu_threads("cpu", None)
+    (2, None, None)
+    """
+    return threads if device_type == "cpu" and threads else None
 
 
 def length_buckets(lengths: list[int], max_padding: float) -> list[list[int]]:
