@@ -6,6 +6,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from sleuth.agents import Context, get_agent
@@ -105,33 +107,137 @@ def test_relevance_json_rule_strict_and_lenient(
 
 
 @pytest.mark.parametrize(
-    ("text", "strict_answer", "lenient_answer", "fallback"),
+    ("text", "strict_answer", "strict_fallback", "lenient_answer", "fallback"),
     [
         # answer tag missing: the official rule gives ""; lenient reads the untagged text after the sections
-        ("<relevance>[1]</relevance>\n<analysis>because</analysis>\nWarsaw", "", "Warsaw", "answer_untagged"),
+        (
+            "<relevance>[1]</relevance>\n<analysis>because</analysis>\nWarsaw",
+            "",
+            "no_answer",
+            "Warsaw",
+            "answer_untagged",
+        ),
         # misordered sections: both find the answer, the format check fails
         (
             "<answer>Warsaw</answer>\n<relevance>[1]</relevance>\n<analysis>b</analysis>",
             "Warsaw",
+            "bad_format",
             "Warsaw",
             "bad_format",
         ),
         # truncated inside the answer
-        ("<relevance>[1]</relevance>\n<analysis>b</analysis>\n<answer>\nWarsaw\n", "", "Warsaw", "answer_unclosed"),
+        (
+            "<relevance>[1]</relevance>\n<analysis>b</analysis>\n<answer>\nWarsaw\n",
+            "",
+            "no_answer",
+            "Warsaw",
+            "answer_unclosed",
+        ),
         # a labelled answer outside any tag
-        ("<relevance>[1]</relevance>\n<analysis>b</analysis>\nFinal answer: Warsaw.", "", "Warsaw", "answer_label"),
+        (
+            "<relevance>[1]</relevance>\n<analysis>b</analysis>\nFinal answer: Warsaw.",
+            "",
+            "no_answer",
+            "Warsaw",
+            "answer_label",
+        ),
         # truncated inside the analysis: there is no answer to find
-        ("<relevance>[1]</relevance>\n<analysis>Reference [1] says", "", "", "analysis_unclosed+no_answer"),
+        (
+            "<relevance>[1]</relevance>\n<analysis>Reference [1] says",
+            "",
+            "no_analysis+no_answer",
+            "",
+            "analysis_unclosed+no_answer",
+        ),
     ],
 )
 def test_strict_vs_lenient_on_missing_or_misordered_tags(
-    text: str, strict_answer: str, lenient_answer: str, fallback: str
+    text: str, strict_answer: str, strict_fallback: str, lenient_answer: str, fallback: str
 ) -> None:
     strict = parse_arena(text, strict=True)
-    assert strict.format_ok is False and strict.answer == strict_answer and strict.fallback is None
+    assert strict.format_ok is False and strict.answer == strict_answer and strict.fallback == strict_fallback
     lenient = parse_arena(text)
     assert lenient.format_ok is False and lenient.answer == lenient_answer and lenient.fallback == fallback
     assert lenient.relevance == [1]
+
+
+def test_strict_parsing_records_every_malformed_reply() -> None:
+    # The reproduction: parse_arena('<answer>Warsaw', strict=True) returned an empty answer and recorded nothing,
+    # so about 100 of 150 malformed replies went uncounted.
+    out = parse_arena("<answer>Warsaw", strict=True)
+    assert out.answer == "" and out.fallback == "no_relevance+no_analysis+no_answer"
+    assert parse_arena(WELL_FORMED, strict=True).fallback is None
+    out = parse_arena("<relevance>1, 3</relevance><analysis>a</analysis><answer>Warsaw</answer>", strict=True)
+    assert out.format_ok and out.relevance == [] and out.fallback == "relevance_not_json"
+    trace, _ = _run("<answer>Warsaw", strict=True)  # and the Trace counts it
+    assert trace.answer == "" and trace.fallbacks == ["no_relevance+no_analysis+no_answer"]
+    assert trace.steps[-1].parsed["fallback"] == "no_relevance+no_analysis+no_answer"
+
+
+_CONTENT = {
+    "relevance": ["[1, 3]", "[]", "\n[2]\n"],
+    "analysis": ["Reference [1] says so.", "", "\ntwo\nlines\n"],
+    "answer": ["Warsaw", "", "\nWarsaw\n"],
+}
+_MUTATIONS = ("unclose", "unopen", "drop", "swap", "lead", "between", "not_json", "angle", "truncate")
+
+
+@st.composite
+def _arena_replies(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A well-formed reply (varied contents, separators and trailing lines) with 0 to 3 mutations, each of which
+    alone makes it malformed: a closing or opening tag missing, a section missing, two sections swapped, text before
+    or between sections, non-JSON relevance, a ``<`` inside a section, a cut before the end of ``</answer>``."""
+    sections = [[tag, draw(st.sampled_from(_CONTENT[tag])), True, True] for tag in ("relevance", "analysis", "answer")]
+    seps = [draw(st.sampled_from(["", "\n", "\n\n", " "])) for _ in range(2)] + [
+        draw(st.sampled_from(["", "\n", "\ntrailing line"]))
+    ]
+    lead = ""
+    mutations = draw(st.lists(st.sampled_from(_MUTATIONS), max_size=3))
+    cut: float | None = None
+    for mutation in mutations:
+        i = draw(st.integers(0, len(sections) - 1)) if sections else 0
+        if mutation in ("unclose", "unopen") and sections:
+            sections[i][3 if mutation == "unclose" else 2] = False
+        elif mutation == "drop" and sections:
+            del sections[i]
+        elif mutation == "swap" and len(sections) > 1:
+            j = (i + draw(st.integers(1, len(sections) - 1))) % len(sections)
+            sections[i], sections[j] = sections[j], sections[i]
+        elif mutation == "lead":
+            lead = draw(st.sampled_from(["Sure.\n", "\n", " ", "<think>hm</think>"]))
+        elif mutation == "between":
+            seps[0] = " x "
+        elif mutation == "not_json":
+            for sec in sections:
+                if sec[0] == "relevance":
+                    sec[1] = "1, 3"
+        elif mutation == "angle" and sections:
+            sections[i][1] = "a < b"
+        elif mutation == "truncate":
+            cut = draw(st.floats(0, 1, exclude_max=True))
+    text = lead
+    for n, (tag, content, opened, closed) in enumerate(sections):
+        text += (f"<{tag}>" if opened else "") + str(content) + (f"</{tag}>" if closed else "") + seps[n]
+    if cut is not None:
+        end = text.rfind("</answer>")
+        text = text[: int(cut * (end + len("</answer>")))] if end >= 0 else text[: int(cut * len(text))]
+    applied = [m for m in mutations if m not in ("swap",) or len(sections) > 1]
+    return text, applied
+
+
+@settings(max_examples=500, deadline=None, derandomize=True, database=None)
+@given(reply=_arena_replies())
+def test_every_malformed_reply_is_a_recorded_strict_fallback(reply: tuple[str, list[str]]) -> None:
+    text, mutations = reply
+    out = parse_arena(text, strict=True)
+    if not mutations:
+        assert arena_format_ok(text) and out.fallback is None, (text, out)
+    elif len(mutations) == 1:  # one mutation always breaks the format (several may undo each other: swap twice)
+        assert out.fallback is not None, (text, out)
+    # whatever the mutations: a reply the official format check fails is always a recorded fallback
+    assert arena_format_ok(text) or out.fallback is not None, (text, out)
+    for rule in (out.fallback or "").split("+") if out.fallback else []:
+        assert rule in ("no_relevance", "relevance_not_json", "no_analysis", "no_answer", "bad_format"), rule
 
 
 def test_lenient_reads_untagged_output_and_analysis_citations() -> None:
@@ -153,7 +259,7 @@ def test_lenient_reads_untagged_output_and_analysis_citations() -> None:
 def test_agent_strict_vs_lenient_on_missing_answer_tag() -> None:
     reply = "<relevance>[3]</relevance>\n<analysis>Reference [3] says Warsaw.</analysis>\nWarsaw"
     strict, _ = _run(reply, strict=True)
-    assert strict.answer == "" and strict.meta["format_ok"] is False and strict.steps[-1].fallback is None
+    assert strict.answer == "" and strict.meta["format_ok"] is False and strict.steps[-1].fallback == "no_answer"
     assert strict.meta["cited_ids"] == ["p3"]
     lenient, _ = _run(reply)
     assert lenient.answer == "Warsaw" and lenient.meta["format_ok"] is False

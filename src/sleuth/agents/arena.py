@@ -169,13 +169,19 @@ def parse_arena(text: str, strict: bool = False) -> ArenaOutput:
     """Parse an ARENA completion (linear time in ``len(text)``; never raises).
 
     ``strict``: the official evaluate.py rules only: the first complete tag pair of each section (``""`` when a
-    tag is missing) and the JSON relevance rule. Otherwise lenient (the default), so that an answer is extracted
-    whenever the text holds one, recording each rule used in ``fallback``: ``relevance_ints`` (numbers read from a
-    non-JSON section), ``relevance_unclosed``, ``relevance_from_analysis`` (no section: the numbers the analysis
-    cites), ``no_relevance``, ``number_too_long`` (a digit run too long to be a reference number, skipped),
-    ``analysis_unclosed``, ``no_analysis``, ``answer_unclosed`` (truncated answer), ``answer_label`` /
-    ``answer_untagged`` (untagged text outside the sections), ``no_answer``, and ``bad_format`` when the format
-    check failed although every section was found. ``format_ok`` is always the official check.
+    tag is missing) and the JSON relevance rule. What they could not read is still recorded in ``fallback``, so
+    that every malformed reply is counted: ``no_relevance`` (no complete pair) or ``relevance_not_json`` (a pair
+    that is not a JSON list of numbers), nothing selected either way; ``no_analysis``; ``no_answer`` (no complete
+    pair: the answer is ``""``); ``bad_format`` when the format check failed although every section was found.
+    A strict ``fallback`` is None exactly when the reply is well-formed (``format_ok`` and JSON relevance).
+
+    Otherwise lenient (the default), so that an answer is extracted whenever the text holds one, recording each
+    rule used in ``fallback``: ``relevance_ints`` (numbers read from a non-JSON section), ``relevance_unclosed``,
+    ``relevance_from_analysis`` (no section: the numbers the analysis cites), ``no_relevance``, ``number_too_long``
+    (a digit run too long to be a reference number, skipped), ``analysis_unclosed``, ``no_analysis``,
+    ``answer_unclosed`` (truncated answer), ``answer_label`` / ``answer_untagged`` (untagged text outside the
+    sections), ``no_answer``, and ``bad_format`` when the format check failed although every section was found.
+    ``format_ok`` is always the official check.
     """
     format_ok = arena_format_ok(text)
     found = {tag: section(text, tag) for tag in _TAGS}
@@ -183,7 +189,9 @@ def parse_arena(text: str, strict: bool = False) -> ArenaOutput:
     analysis = found["analysis"] or ""
     strict_rel = _strict_relevance(found["relevance"]) if found["relevance"] is not None else None
     if strict:
-        return ArenaOutput(strict_rel or [], analysis, answer, format_ok)
+        return ArenaOutput(
+            strict_rel or [], analysis, answer, format_ok, _strict_fallback(found, strict_rel, format_ok)
+        )
 
     fallbacks: list[str] = []
     relevance = strict_rel
@@ -211,6 +219,19 @@ def parse_arena(text: str, strict: bool = False) -> ArenaOutput:
     if not fallbacks and not format_ok:
         fallbacks.append("bad_format")
     return ArenaOutput(relevance, analysis, answer, format_ok, "+".join(fallbacks) or None)
+
+
+def _strict_fallback(found: dict[str, str | None], strict_rel: list[int] | None, format_ok: bool) -> str | None:
+    """What the official rules could not read in a reply (``+``-joined), None for a well-formed one."""
+    fallbacks: list[str] = []
+    if found["relevance"] is None:
+        fallbacks.append("no_relevance")
+    elif strict_rel is None:
+        fallbacks.append("relevance_not_json")
+    fallbacks += [f"no_{tag}" for tag in ("analysis", "answer") if found[tag] is None]
+    if not fallbacks and not format_ok:
+        fallbacks.append("bad_format")
+    return "+".join(fallbacks) or None
 
 
 def _drop_sections(text: str, tag: str) -> str:
