@@ -11,29 +11,50 @@ any guard placed inside its own interpreter, so everything below holds with ever
 - **namespaces** (``isolation="namespaces"``, the default): a trusted launcher process unshares fresh mount, PID,
   network, IPC and UTS namespaces (plus a user namespace when not started as root), builds a new root file system
   (an empty read-only tmpfs with read-only bind mounts of ``/usr``, the ``/lib*`` and ``/bin`` links and the
-  interpreter's own prefix, and the program's scratch directory as ``/work``, the only writable place), pivots into
-  it and detaches the old root. No ``/proc``, ``/etc``, ``/home``, ``/root``, ``/tmp`` or ``/dev``: nothing of the
-  parent is visible. The network namespace has no interface at all. The program runs as PID 2 under a small PID-1
-  reaper that dies with the launcher (``PR_SET_PDEATHSIG``), and when PID 1 exits the kernel kills every process
-  left in the namespace, so nothing the program starts can outlive it.
+  interpreter's own prefix, and as ``/work``, the only writable place, a tmpfs of ``disk_mb`` (64 MiB by default,
+  16384 inodes, ``nosuid,nodev,noexec``) holding a copy of the program: what the program writes never reaches the
+  host's disk and vanishes with the namespace), pivots into it and detaches the old root. No ``/proc``, ``/etc``,
+  ``/home``, ``/root``, ``/tmp`` or ``/dev``: nothing of the parent is visible. The network namespace has no
+  interface at all. The program runs as PID 2 under a small PID-1 reaper that dies with the launcher
+  (``PR_SET_PDEATHSIG``), and when PID 1 exits the kernel kills every process left in the namespace, so nothing the
+  program starts can outlive it.
 - **credentials**: started as root, the program drops to ``nobody`` (uid/gid 65534, no supplementary groups); else
   it keeps the caller's uid, mapped into its user namespace, with no capabilities after ``exec``. ``no_new_privs``
   is set, so no set-uid binary can raise them again. The environment is empty. (With ``rlimits`` only, root drops to
   ``nobody`` only where ``nobody`` can reach the interpreter; a pyenv under ``/root`` cannot, and the program then
   keeps root's file access: one more reason that mode is an explicit opt-in.)
-- **resource limits** set before ``exec``: ``RLIMIT_CPU``, ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (output files),
-  ``RLIMIT_NPROC`` = 0 (no child processes), ``RLIMIT_NOFILE``, ``RLIMIT_CORE``; and a wall-clock limit in the
-  parent, counted from the moment the program starts (start-up excluded), after which the launcher's whole process
-  group is killed (and with it, through the PID namespace, everything the program started).
+- **resource limits** set before ``exec``: ``RLIMIT_CPU``, ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (one output
+  file: 8 MiB or ``disk_mb``, the smaller), ``RLIMIT_NPROC`` = 0 (no child processes), ``RLIMIT_NOFILE``,
+  ``RLIMIT_CORE``; and a wall-clock limit in the parent, counted from the moment the program starts (start-up
+  excluded), after which the launcher's whole process group is killed (and with it, through the PID namespace,
+  everything the program started).
+- **a seccomp filter** (:func:`seccomp_filter`, classic BPF, installed by the launcher right before ``exec``, after
+  ``no_new_privs``, in both isolation modes): a foreign ABI (``seccomp_data.arch``, e.g. i386 through ``int 0x80``)
+  kills the process, the x32 ABI and every call in :data:`DENIED_SYSCALLS` get ``EPERM`` (the kernel keyring,
+  System V IPC, ``memfd_create``, namespaces, mounts, ``chroot``, ``ptrace``, ``process_vm_*``, ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, io_uring, kernel modules, ``kexec``, ``personality``, clocks, ``reboot``,
+  ...), ``clone`` with a namespace flag gets ``EPERM`` and ``clone3`` ``ENOSYS`` (so the C library falls back to
+  ``clone``). Memory the program can pin is thus ``RLIMIT_AS`` plus the ``/work`` tmpfs: System V shared memory and
+  memfd pages, which ``RLIMIT_AS`` does not count, cannot be had, and the shared kernel keyring cannot carry state
+  from one run to the next. Tables for x86_64 and aarch64 only; on any other architecture, or where the kernel
+  refuses the filter (seccomp filter mode needs Linux 3.5), the program does not run (``sandbox unavailable:
+  seccomp...``). No cgroup memory limit: where this was built the memory controller is on cgroup v1, owned by the
+  host's process manager, and cgroup v2 delegates none.
 - **Python guards** (defence in depth, not a boundary): an ``__import__`` that allows only :data:`ALLOWED_MODULES`,
   an ``open`` that refuses writes and reads outside the scratch directory, and an audit hook refusing network,
   processes, ``ctypes``, file-system changes and :data:`DENIED_MODULES`. They turn honest mistakes into clear
   errors (``forbidden import: os``) instead of OS-level failures.
 
 Where the kernel refuses namespaces (some container runtimes forbid ``unshare``), :func:`run_program` fails closed
-with ``error="sandbox unavailable: ..."``; running anyway with rlimits, the credential drop and the Python guards
-only is an explicit opt-in: ``SLEUTH_SANDBOX=rlimits`` in the environment or ``run_program(..., isolation="rlimits")``.
-See docs/design.md, "Security".
+with ``error="sandbox unavailable: ..."``; running anyway with rlimits, the credential drop, the seccomp filter and
+the Python guards only is an explicit opt-in: ``SLEUTH_SANDBOX=rlimits`` in the environment or
+``run_program(..., isolation="rlimits")``. It weakens: the program sees the host's file system and network as its
+uid does, its scratch directory is a host directory (one file is limited by ``RLIMIT_FSIZE``, the total is not), and
+nothing reaps processes it starts (``RLIMIT_NPROC`` = 0 forbids starting any).
+
+Every outcome is a :class:`ProgramResult`: an unknown signal is ``crashed: signal 40``, a result line nesting deeper
+than 32 brackets is not parsed, and the scratch directory is removed without recursion (:func:`remove_tree`), so a
+3000-deep tree neither raises nor stays behind. See docs/design.md, "Security".
 """
 
 from __future__ import annotations
@@ -621,12 +642,14 @@ def _clean_value(value: Any) -> Any:
 
 
 def _launcher_main() -> None:  # pragma: no cover - runs in the launcher process, before any program code
-    """Isolate, then exec the child interpreter. Trusted code: it never reads the program.
+    """Isolate, then exec the child interpreter. Trusted code: it never runs or parses the program (it copies the
+    program file's bytes into the new ``/work``).
 
     ``namespaces``: unshare, build and pivot into the new root, fork the PID-1 reaper, which forks the program's
-    process; that process drops its credentials, sets ``no_new_privs`` and the rlimits and execs the interpreter.
-    ``rlimits``: the credential drop, ``no_new_privs`` and rlimits only, then exec. Any failure is reported on the
-    result channel as ``sandbox unavailable: ...`` and nothing runs.
+    process; that process drops its credentials, sets ``no_new_privs``, the rlimits and the seccomp filter and execs
+    the interpreter. PID 1 reports the program's wait status through a pipe, and the launcher ends the same way
+    (exit code, or the same signal). ``rlimits``: the credential drop, ``no_new_privs``, rlimits and the filter only,
+    then exec. Any failure is reported on the result channel as ``sandbox unavailable: ...`` and nothing runs.
     """
     import contextlib
     import ctypes
