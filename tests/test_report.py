@@ -386,9 +386,9 @@ def test_markdown_report_without_metrics_json_recomputes(tmp_path: Path) -> None
     run = write_run(tmp_path / "nometrics", make_traces(), metrics=None)
     rows = _table_rows(markdown_report(run))
     assert rows["hotpotqa-dev"][:3] == ["2", "50.0", "50.0"]
-    # recall@10 is None for the failed trace and skipped in the mean; its fallback and error are counted
-    assert rows["nq-dev"][-2:] == ["1", "1"]
-    assert rows["**overall**"][0] == "4"
+    # the failed trace is no result: out of n and the means, counted in errors
+    assert rows["nq-dev"][0] == "1" and rows["nq-dev"][-2:] == ["1", "1"]
+    assert rows["**overall**"][0] == "3"
 
 
 def _legacy(metrics: dict) -> dict:
@@ -453,10 +453,10 @@ def test_committed_results_are_readable(tmp_path: Path) -> None:
 
 def test_aggregate_counts_and_means() -> None:
     summary = aggregate(make_traces())
-    assert summary["n"] == 4
+    assert summary["n"] == 3  # the failed trace is no result: counted in errors, not in n or the means
     overall = summary["overall"]
-    assert overall["em"] == 0.5 and overall["recall@1"] == pytest.approx(2.5 / 3)
-    assert overall["llm_calls"] == pytest.approx((1 + 1 + 2 + 0) / 4)
+    assert overall["em"] == pytest.approx(2 / 3) and overall["recall@1"] == pytest.approx(2.5 / 3)
+    assert overall["llm_calls"] == pytest.approx((1 + 1 + 2) / 3)
     assert overall["fallback_kinds"] == {"first_line": 1} and overall["errors"] == 1
     assert set(summary["per_dataset"]) == {"hotpotqa-dev", "nq-dev"}
 
