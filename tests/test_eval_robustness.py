@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from sleuth.cli import app
 from sleuth.config_check import ConfigValueError, check_dataclass, check_field
-from sleuth.eval.evaluate import EvalConfig, EvalConfigError, evaluate, read_traces
+from sleuth.eval.evaluate import EvalConfig, EvalConfigError, EvalError, evaluate, read_traces
 from sleuth.records import Example, Trace
 from tests.test_evaluate import write_dataset
 from tests.test_openai_backend import ScriptedServer, _make_handler
@@ -203,6 +203,17 @@ def test_duplicate_records_read_back_once_and_a_resume_repairs_the_file(tmp_path
     assert metrics["n"] == 4 and metrics["overall"]["errors"] == 0
     assert len(lines(traces)) == 4 and read_traces(traces)[0].answer == "colour0, written later"
     assert [t.example.id for t in read_traces(out / "errors.jsonl")] == ["q3"], "the failed attempt is moved"
+
+
+def test_a_run_with_results_and_an_unreadable_config_is_not_resumed_blindly(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy" / "dev.jsonl", 2)
+    out = tmp_path / "run"
+    with model_server() as (server, _):
+        config = EvalConfig(method="direct", data=[str(data)], out=str(out), llm=spec_for(server.url))
+        evaluate(config, progress=False)
+    (out / "config.json").write_text('{"method": "dir')  # cut short
+    with pytest.raises(EvalError, match="not readable JSON"):
+        evaluate(config, progress=False)
 
 
 # -- bad values stop the command before anything loads -----------------------------------------------------------

@@ -368,15 +368,17 @@ def _evaluate_locked(config: EvalConfig, spec: Any, method_config: Any, out: Pat
     results = _tidy_results(traces_path, errors_path)
     resolved = {**asdict(config), "method_config": _jsonable(method_config)}
     config_path = out / "config.json"
-    previous = _read_json(config_path)
+    previous = _read_json(config_path) if config_path.exists() else {}
+    if previous is None and results:
+        raise EvalError(f"{config_path} is not readable JSON, so the run's settings are unknown; use another --out")
+    previous = previous or {}
     changed = [key for key in RESUME_KEYS if previous.get(key) != resolved.get(key)] if previous else []
     if changed and results:
         raise EvalError(f"{out} holds a run with different {changed}; use another --out to start a new run")
     if changed:  # no results yet (e.g. the model failed to load): the new settings replace the old ones
         errors_path.unlink(missing_ok=True)  # failed attempts under the old settings
-    resolved["started_at"] = (previous.get("started_at") if previous and not changed else None) or time.strftime(
-        "%Y-%m-%dT%H:%M:%S"
-    )
+    started = previous.get("started_at") if not changed else None
+    resolved["started_at"] = started or time.strftime("%Y-%m-%dT%H:%M:%S")
     from sleuth import __version__
 
     resolved["sleuth_version"] = __version__
@@ -445,12 +447,13 @@ class _Tally:
     first_error: str | None = None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when it cannot be read or is not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _tidy_results(traces_path: Path, errors_path: Path) -> list[Trace]:
