@@ -6,6 +6,7 @@ import gzip
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -450,6 +451,91 @@ def test_streaming_gzip_reads_only_a_prefix(tmp_path: Path) -> None:
     assert reader.bytes_read is not None and 0 < reader.bytes_read < size // 2
     it.close()  # stopping early closes the file
     assert reader.bytes_read is not None and reader.bytes_read < size // 2
+
+
+# ------------------------------------------------------------------------------------------------------ encodings
+
+LATIN1_ROWS = [{"id": "1", "title": "Café", "text": "Crème brûlée."}, {"id": "2", "text": "Naïve Zürich."}]
+
+
+def _jsonl_text(rows: list[dict[str, str]]) -> str:
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+
+
+def test_a_latin1_corpus_names_the_line_and_byte_not_the_format(tmp_path: Path) -> None:
+    # The reproduction: format detection said "cannot tell the corpus format" for a Latin-1 file.
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(_jsonl_text(LATIN1_ROWS).encode("latin-1"))
+    byte = _jsonl_text(LATIN1_ROWS[:1]).encode("latin-1").index(b"\xe9")
+    expected = f"{path}:1: invalid UTF-8 at byte {byte} (0xe9: invalid continuation byte)"
+    for attempt in (lambda: detect_format(path), lambda: list(read_corpus(path))):
+        with pytest.raises(CorpusError) as info:
+            attempt()
+        message = str(info.value)
+        assert message.startswith(expected) and "iconv -f LATIN1 -t UTF-8" in message, message
+        assert "cannot tell" not in message
+    with pytest.raises(CorpusError, match=r"latin1\.jsonl:1: invalid UTF-8"):  # with --format, as before
+        list(read_corpus(path, format="jsonl", strict=True))
+
+
+def test_a_latin1_wiki_summaries_file_names_the_line_and_byte(tmp_path: Path) -> None:
+    path = tmp_path / "summaries.json"
+    data = {"Paris": {"title": "Paris", "extract": "Paris is a city."}, "Zürich": {"extract": "A city."}}
+    content = json.dumps(data, ensure_ascii=False, indent=1).encode("latin-1")
+    path.write_bytes(content)
+    line = next(i for i, text in enumerate(content.split(b"\n"), 1) if b"\xfc" in text)
+    byte = content.split(b"\n")[line - 1].index(b"\xfc")
+    assert line > 1 and byte > 0  # the position is counted within the line
+    with pytest.raises(CorpusError) as info:
+        list(read_corpus(path, format="wiki-summaries"))
+    assert str(info.value).startswith(f"{path}:{line}: invalid UTF-8 at byte {byte} (0xfc: invalid start byte)")
+
+
+_BOM = "\ufeff"
+_ENCODERS: dict[str, Callable[[str], bytes]] = {
+    "bom16le.jsonl": lambda t: (_BOM + t).encode("utf-16-le"),
+    "bom16be.jsonl": lambda t: (_BOM + t).encode("utf-16-be"),
+    "bom32le.jsonl": lambda t: (_BOM + t).encode("utf-32-le"),
+    "bare16le.jsonl": lambda t: t.encode("utf-16-le"),
+    "bare16be.tsv": lambda t: t.encode("utf-16-be"),
+    "bom16le.jsonl.gz": lambda t: gzip.compress((_BOM + t).encode("utf-16-le")),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "looks_like", "iconv"),
+    [
+        ("bom16le.jsonl", "UTF-16-LE: it has a byte-order mark", "UTF-16"),
+        ("bom16be.jsonl", "UTF-16-BE: it has a byte-order mark", "UTF-16"),
+        ("bom32le.jsonl", "UTF-32-LE: it has a byte-order mark", "UTF-32"),
+        ("bare16le.jsonl", "UTF-16-LE without a byte-order mark", "UTF-16LE"),
+        ("bare16be.tsv", "UTF-16-BE without a byte-order mark", "UTF-16BE"),
+        ("bom16le.jsonl.gz", "UTF-16-LE: it has a byte-order mark", "UTF-16"),
+    ],
+)
+def test_a_utf16_or_utf32_corpus_is_named_with_the_fix(tmp_path: Path, name: str, looks_like: str, iconv: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(_ENCODERS[name](_jsonl_text(LATIN1_ROWS)))
+    expected = f"{path}: not UTF-8 (looks like {looks_like}"
+    attempts = [lambda: CorpusReader(path), lambda: CorpusReader(path, format="jsonl")]
+    if not name.endswith(".tsv"):
+        attempts.append(lambda: detect_format(path))
+    for attempt in attempts:  # with or without --format: before, every line was skipped or the format unknown
+        with pytest.raises(CorpusError) as info:
+            attempt()
+        message = str(info.value)
+        assert message.startswith(expected) and f"convert it with iconv -f {iconv} -t UTF-8" in message, message
+
+
+def test_a_utf8_bom_is_accepted_and_nul_bytes_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + _jsonl_text(LATIN1_ROWS).encode("utf-8"))
+    assert detect_format(path) == "jsonl"
+    assert [p.title for p in read_corpus(path, strict=True)] == ["Café", ""]
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'{"id": "1", "text": "a\x00\x00\x00\x01\x02"}\n' * 3)
+    with pytest.raises(CorpusError, match=r"binary\.jsonl: not UTF-8 text \(it holds NUL bytes"):
+        CorpusReader(binary)
 
 
 # --------------------------------------------------------------------------------------------------------- real file

@@ -821,3 +821,42 @@ def test_passage_ids_are_stable_and_content_derived() -> None:
     assert passage_id("Paris", "Paris is in France.") != passage_id("Paris", "Paris is the capital of France.")
     assert passage_id("Lyon", "x") != passage_id("Paris", "x")
     assert passage_id("", "x") == "11f6ad8ec5"
+
+
+# ------------------------------------------------------------------------------------------------------ encodings
+
+HOTPOT_ROW = {"_id": "h1", "question": "Où coule la Seine?", "answer": "Paris", "supporting_facts": [], "context": []}
+
+
+def _raises_naming(path: Path, text: str, **kwargs: Any) -> str:
+    with pytest.raises(DatasetError) as info:
+        load_examples(path, **kwargs)
+    message = str(info.value)
+    assert message.startswith(text), message
+    return message
+
+
+@pytest.mark.parametrize("given", [None, "hotpotqa"])
+def test_a_utf16_json_dataset_names_the_encoding_and_the_file(tmp_path: Path, given: str | None) -> None:
+    # The reproduction: a UTF-16-LE JSON dataset said "invalid JSON (Expecting value at column 2)".
+    bare = tmp_path / "hotpot16.json"
+    bare.write_bytes(json.dumps([HOTPOT_ROW], ensure_ascii=False).encode("utf-16-le"))
+    message = _raises_naming(bare, f"{bare}: not UTF-8 (looks like UTF-16-LE without a byte-order mark", format=given)
+    assert "convert it with iconv -f UTF-16LE -t UTF-8" in message and "invalid JSON" not in message
+    bom = tmp_path / "hotpot16bom.jsonl"
+    bom.write_bytes(json.dumps(HOTPOT_ROW, ensure_ascii=False).encode("utf-16"))  # Python writes the BOM, LE
+    message = _raises_naming(bom, f"{bom}: not UTF-8 (looks like UTF-16-LE: it has a byte-order mark)", format=given)
+    assert "convert it with iconv -f UTF-16 -t UTF-8" in message
+    csv_be = tmp_path / "bamboogle16.csv"
+    csv_be.write_bytes("\ufeffQuestion,Answer\nOù?,Paris\n".encode("utf-16-be"))
+    _raises_naming(csv_be, f"{csv_be}: not UTF-8 (looks like UTF-16-BE: it has a byte-order mark)")
+
+
+def test_a_latin1_dataset_names_the_line_and_a_utf8_bom_is_accepted(tmp_path: Path) -> None:
+    latin = tmp_path / "hotpot-latin1.jsonl"
+    latin.write_bytes(json.dumps(HOTPOT_ROW, ensure_ascii=False).encode("latin-1") + b"\n")
+    message = _raises_naming(latin, f"{latin}:1: not UTF-8 text (byte 0xf9 at column ")
+    assert "iconv -f latin1 -t utf-8" in message
+    bom = tmp_path / "hotpot-bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(HOTPOT_ROW, ensure_ascii=False).encode("utf-8") + b"\n")
+    assert [e.question for e in load_examples(bom)] == ["Où coule la Seine?"]

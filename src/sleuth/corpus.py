@@ -35,7 +35,7 @@ from typing import IO, Any
 
 from sleuth.records import Passage, encodable
 
-__all__ = ["FORMATS", "CorpusError", "CorpusReader", "detect_format", "read_corpus"]
+__all__ = ["FORMATS", "CorpusError", "CorpusReader", "detect_format", "encoding_error", "read_corpus"]
 
 FORMATS: tuple[str, ...] = ("searchr1", "jsonl", "tsv", "wiki-summaries")
 MAX_ERRORS = 20
@@ -70,6 +70,92 @@ def _open_binary(path: PathLike) -> tuple[IO[bytes], IO[bytes]]:
             raw.close()
             raise
     return raw, raw
+
+
+# --------------------------------------------------------------------------------------------------------- encoding
+
+# Byte-order marks of the encodings a text file is most often saved in instead of UTF-8 (UTF-32-LE's starts with
+# UTF-16-LE's, so it comes first), with the name iconv reads such a file by. A UTF-8 BOM is accepted everywhere.
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32-LE", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32-BE", "UTF-32"),
+    (b"\xff\xfe", "UTF-16-LE", "UTF-16"),
+    (b"\xfe\xff", "UTF-16-BE", "UTF-16"),
+)
+_ENCODING_HEAD = 1 << 12
+
+
+def _nul_pattern(head: bytes) -> str | None:
+    """The UTF-16/32 variant whose NUL bytes sit where ``head``'s do (ASCII text saved without a BOM), or None."""
+    n = len(head) - len(head) % 4
+    if n < 4:
+        return None
+    per = n // 4
+    nuls = [head[r:n:4].count(0) for r in range(4)]
+    if min(nuls[1:]) >= 0.9 * per and nuls[0] < 0.5 * per:
+        return "UTF-32-LE"
+    if min(nuls[:3]) >= 0.9 * per and nuls[3] < 0.5 * per:
+        return "UTF-32-BE"
+    even, odd = nuls[0] + nuls[2], nuls[1] + nuls[3]
+    if odd >= 0.6 * 2 * per and even < 0.2 * 2 * per:
+        return "UTF-16-LE"
+    if even >= 0.6 * 2 * per and odd < 0.2 * 2 * per:
+        return "UTF-16-BE"
+    return None
+
+
+def wrong_encoding(head: bytes) -> str | None:
+    """Why a file starting with ``head`` is not UTF-8 text as a whole, or None: a UTF-16/32 byte-order mark, NUL
+    bytes where UTF-16/32 puts them (the same without a BOM), or any other NUL byte (binary data). A UTF-8 BOM
+    is fine. Invalid UTF-8 sequences are left to the line readers, which name the line and byte.
+
+    >>> wrong_encoding("{}".encode("utf-16"))
+    'not UTF-8 (looks like UTF-16-LE: it has a byte-order mark); convert it with iconv -f UTF-16 -t UTF-8'
+    >>> wrong_encoding(b"\\xef\\xbb\\xbf{}") is None
+    True
+    """
+    for bom, name, iconv in _BOMS:
+        if head.startswith(bom):
+            return (
+                f"not UTF-8 (looks like {name}: it has a byte-order mark); convert it with iconv -f {iconv} -t UTF-8"
+            )
+    if b"\x00" not in head:
+        return None
+    guess = _nul_pattern(head)
+    if guess is None:
+        return "not UTF-8 text (it holds NUL bytes: a binary file, or UTF-16/32 text that is not plain ASCII?)"
+    return (
+        f"not UTF-8 (looks like {guess} without a byte-order mark: NUL bytes sit between the characters); "
+        f"convert it with iconv -f {guess.replace('-LE', 'LE').replace('-BE', 'BE')} -t UTF-8"
+    )
+
+
+def encoding_error(path: PathLike) -> str | None:
+    """``"PATH: <why>"`` when the file is not UTF-8 text as a whole (see :func:`wrong_encoding`; ``.gz`` files are
+    looked at decompressed), None when it looks like UTF-8 or cannot be read (its reader reports that)."""
+    try:
+        stream, raw = _open_binary(path)
+    except OSError:
+        return None
+    try:
+        head = stream.read(_ENCODING_HEAD)
+    except (OSError, EOFError, zlib.error):
+        return None
+    finally:
+        stream.close()
+        raw.close()
+    problem = wrong_encoding(head)
+    return None if problem is None else f"{os.fspath(path)}: {problem}"
+
+
+def _invalid_utf8(path: PathLike, line: int, data: bytes, exc: UnicodeDecodeError) -> str:
+    """``PATH:LINE: invalid UTF-8 at byte N ...`` for ``exc`` raised decoding ``data``; N counts from 0 at the
+    start of the line (``data`` may be the line or the whole file)."""
+    line_start = data.rfind(b"\n", 0, exc.start) + 1
+    return (
+        f"{os.fspath(path)}:{line}: invalid UTF-8 at byte {exc.start - line_start} (0x{data[exc.start]:02x}: "
+        f"{exc.reason}); the file is not UTF-8 (Latin-1 or Windows-1252?): convert it with iconv -f LATIN1 -t UTF-8"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------- parsers
@@ -230,10 +316,12 @@ def _unreadable(path: PathLike, line: int | None, exc: BaseException) -> CorpusE
     return CorpusError(f"{where}: cannot read, {what} ({type(exc).__name__}: {exc})")
 
 
-def _sniff_lines(path: PathLike) -> str | None:
-    """Format of the first non-empty line that parses as a JSON object, or None."""
+def _sniff_lines(path: PathLike) -> tuple[str | None, str | None]:
+    """Format of the first non-empty line that parses as a JSON object (or None), and the message for the first
+    line that is not UTF-8 before it (or None)."""
     stream, raw = _open_binary(path)
     n = 0
+    bad_utf8: str | None = None
     try:
         for n, line in enumerate(stream):  # noqa: B007 - n names the line a broken .gz stops at
             if n >= _SNIFF_LINES:
@@ -242,20 +330,23 @@ def _sniff_lines(path: PathLike) -> str | None:
                 continue
             try:
                 obj = json.loads(line)
+            except UnicodeDecodeError as e:
+                bad_utf8 = bad_utf8 or _invalid_utf8(path, n + 1, line, e)
+                continue
             except (ValueError, RecursionError):
                 continue
             if isinstance(obj, dict):
                 if "contents" in obj:
-                    return "searchr1"
+                    return "searchr1", bad_utf8
                 if "text" in obj:
-                    return "jsonl"
-                return None
+                    return "jsonl", bad_utf8
+                return None, bad_utf8
     except (OSError, EOFError, zlib.error) as e:
         raise _unreadable(path, n + 1, e) from None
     finally:
         stream.close()
         raw.close()
-    return None
+    return None, bad_utf8
 
 
 def detect_format(path: PathLike) -> str:
@@ -263,7 +354,8 @@ def detect_format(path: PathLike) -> str:
 
     ``.tsv`` is ``tsv``; a ``.json`` file holding one object of objects with an ``extract`` key is
     ``wiki-summaries``; otherwise the first non-empty line that parses as JSON decides: a ``contents`` key means
-    ``searchr1``, a ``text`` key ``jsonl``. Raises :class:`CorpusError` when it cannot tell.
+    ``searchr1``, a ``text`` key ``jsonl``. Raises :class:`CorpusError` when it cannot tell, naming the encoding
+    when the file is not UTF-8 (:func:`encoding_error`, or the first line that is not).
     """
     name = os.fspath(path).lower()
     if name.endswith(".gz"):
@@ -273,6 +365,8 @@ def detect_format(path: PathLike) -> str:
         return "tsv"
     if not os.path.exists(path):
         raise FileNotFoundError(f"corpus file not found: {os.fspath(path)}")
+    if (problem := encoding_error(path)) is not None:
+        raise CorpusError(problem)
     if ext == ".json":
         stream, raw = _open_binary(path)
         try:
@@ -284,9 +378,11 @@ def detect_format(path: PathLike) -> str:
             raw.close()
         if _looks_like_summaries(head):
             return "wiki-summaries"
-    found = _sniff_lines(path)
+    found, bad_utf8 = _sniff_lines(path)
     if found is not None:
         return found
+    if bad_utf8 is not None:
+        raise CorpusError(bad_utf8)
     raise CorpusError(
         f"{os.fspath(path)}: cannot tell the corpus format (expected .tsv, a Wikipedia summaries .json, or JSON "
         f"lines with a 'contents' or 'text' key); pass --format ({', '.join(FORMATS)})"
@@ -313,6 +409,8 @@ class CorpusReader:
             format = detect_format(path)
         elif format not in FORMATS:
             raise CorpusError(f"unknown corpus format {format!r}; known: {', '.join(FORMATS)}")
+        if (problem := encoding_error(path)) is not None:  # UTF-16/32: every line would be skipped as malformed
+            raise CorpusError(problem)
         self.format: str = format
         self.strict: bool = strict
         self.read: int = 0
@@ -414,9 +512,13 @@ class CorpusReader:
         stream = self._open()
         try:
             try:
-                data = json.loads(stream.read())
+                content = stream.read()
+                data = json.loads(content)
             except (OSError, EOFError, zlib.error) as e:
                 raise _unreadable(self.path, None, e) from None
+            except UnicodeDecodeError as e:
+                line = content.count(b"\n", 0, e.start) + 1
+                raise CorpusError(_invalid_utf8(self.path, line, content, e)) from None
             except (ValueError, RecursionError) as e:
                 raise CorpusError(f"{self.path}: not a valid wiki-summaries JSON file ({e})") from None
         finally:

@@ -51,6 +51,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from sleuth.corpus import encoding_error
 from sleuth.data._rows import DatasetError, PathLike, first_record, is_csv
 from sleuth.data.claims import load_fever, load_hover, load_strategyqa
 from sleuth.data.medical import load_medqa, load_pubmedqa
@@ -69,6 +70,7 @@ from sleuth.records import Example, Passage
 __all__ = [
     "LOADERS",
     "DatasetError",
+    "check_encoding",
     "detect_format",
     "iter_examples",
     "load_examples",
@@ -152,15 +154,26 @@ def format_of_record(record: dict[str, Any], from_csv: bool = False) -> str | No
     return None
 
 
+def check_encoding(path: PathLike) -> None:
+    """Raise :class:`DatasetError` ``"FILE: not UTF-8 (looks like UTF-16-LE: ...); convert it with iconv ..."`` when
+    the file is UTF-16/32 (a byte-order mark, or NUL bytes between ASCII characters) or holds NUL bytes, instead of
+    the JSON or csv error its first bytes would cause (:func:`sleuth.corpus.encoding_error`). Invalid UTF-8 further
+    in is reported by the reader with its line and byte."""
+    problem = encoding_error(path)
+    if problem is not None:
+        raise DatasetError(problem, path=os.fspath(path))
+
+
 def detect_format(path: PathLike) -> str:
     """The format of a dataset file, from the keys of its first record (see :func:`format_of_record`).
 
-    Raises :class:`DatasetError` listing the known formats when the keys fit none, and FileNotFoundError when
-    the file does not exist.
+    Raises :class:`DatasetError` listing the known formats when the keys fit none or naming the encoding when the
+    file is not UTF-8 (:func:`check_encoding`), and FileNotFoundError when the file does not exist.
     """
     name = os.fspath(path)
     if not os.path.exists(name):
         raise FileNotFoundError(f"dataset file not found: {name}")
+    check_encoding(name)
     record = first_record(name)
     if record is None:
         raise DatasetError(f"{name}: no records, cannot tell the dataset format", path=name)
@@ -190,6 +203,7 @@ def iter_examples(
         raise DatasetError(f"unknown dataset format {format!r}; known: {', '.join(LOADERS)}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    check_encoding(path)  # detect_format checked already; a given format skips it
     examples = loader(path, **options)
     return examples if limit is None else itertools.islice(examples, limit)
 
