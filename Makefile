@@ -8,7 +8,7 @@ QUESTION ?= Who directed the film 2001: A Space Odyssey?
 VLLM_VENV  ?= .venv-vllm
 VLLM_TARGET ?= auto
 
-.PHONY: demo test test-fast lint bench install assets vllm
+.PHONY: demo test test-full test-fast lint bench install assets vllm
 
 install: $(STAMP)
 
@@ -26,8 +26,16 @@ demo: assets
 	$(SLEUTH) index build
 	$(SLEUTH) ask "$(QUESTION)"
 
+# make test: everything but the tests marked slow (multi-process training, the longest SmolLM2 runs) and those
+# that need a real vLLM server (make vllm); under 10 minutes on 2 cores. make test-full runs exactly those: CI runs
+# both (make test first, before .venv-vllm exists, so the no-vLLM path is what a new user gets).
 test: assets
-	$(VENV)/bin/pytest -q
+	$(SLEUTH) index build
+	$(VENV)/bin/pytest -q -m "not slow and not vllm"
+
+test-full: assets
+	$(SLEUTH) index build
+	$(VENV)/bin/pytest -q -m "slow or vllm"
 
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not integration"

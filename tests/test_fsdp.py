@@ -143,7 +143,7 @@ def _plain_critic(checkpoint: Path) -> dict[str, Any]:
     return {**{f"backbone.{k}": v for k, v in backbone.items()}, **{f"head.{k}": v for k, v in head.items()}}
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
 def test_two_sharded_processes_hold_half_and_make_the_update_of_one_process(
     algorithm: str, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -190,6 +190,7 @@ def test_two_sharded_processes_hold_half_and_make_the_update_of_one_process(
                 assert b_step[key] == pytest.approx(a_step[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_a_killed_sharded_run_resumes_to_the_same_weights_and_exports_for_hf(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -223,6 +224,7 @@ def test_a_killed_sharded_run_resumes_to_the_same_weights_and_exports_for_hf(
     assert exported.keys() == base.keys()
 
 
+@pytest.mark.slow
 def test_a_sharded_lora_policy_makes_the_update_of_one_process_and_resumes(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -301,6 +303,7 @@ out.mkdir(parents=True, exist_ok=True)
 """
 
 
+@pytest.mark.slow
 def test_a_sharded_lora_policy_generates_what_the_whole_one_does(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Rollouts from a sharded peft model enter below the FSDP root (peft generates through the transformers model
     inside it): gathered, it samples the unsharded model's tokens, with the adapter and with it disabled."""

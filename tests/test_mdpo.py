@@ -718,6 +718,7 @@ def test_tiny_model_end_to_end_with_bm25(tmp_path: Path, tiny_model_dir: Path) -
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_smollm2_samples_and_scores_one_question(tmp_path: Path) -> None:
     """SmolLM2-135M samples m=2 decompositions x m'=2 runs on a synthetic-world question; no training."""
     from sleuth.assets import ensure_default_model

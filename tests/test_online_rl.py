@@ -536,11 +536,12 @@ train_online(config, FixedTask(), examples)
 @pytest.mark.parametrize(
     ("algorithm", "variant"),
     [
-        ("grpo", {}),
-        ("ppo", {}),
+        ("grpo", {}),  # the one variant `make test` runs; the others (30-65 s each) run in CI's `make test-full`
+        pytest.param("ppo", {}, marks=pytest.mark.slow),
         # DDP over the shared value head, and over a policy that only accumulates during the critic's warm-up
-        ("ppo", {"critic": "shared_head", "critic_warmup_steps": 1}),
-        ("grpo", {"lora": True, "learning_rate": 1e-2}),  # DDP over the adapter's parameters only
+        pytest.param("ppo", {"critic": "shared_head", "critic_warmup_steps": 1}, marks=pytest.mark.slow),
+        # DDP over the adapter's parameters only
+        pytest.param("grpo", {"lora": True, "learning_rate": 1e-2}, marks=pytest.mark.slow),
     ],
     ids=["grpo", "ppo", "ppo-shared-head-warmup", "grpo-lora"],
 )

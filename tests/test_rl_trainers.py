@@ -241,6 +241,7 @@ def test_configs_load_and_validate() -> None:
         s3.validate()
 
 
+@pytest.mark.slow
 def test_s3_with_two_processes_builds_the_baseline_once_and_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
     """torchrun, gloo on CPU: process 0 computes the naive-RAG cache while process 1 waits, then finds it all
     cached; each process samples one of the two kept questions; one log, one rollout store, one model."""

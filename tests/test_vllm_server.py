@@ -582,7 +582,7 @@ def test_torchs_own_default_inductor_cache_is_not_taken_for_a_users_choice(
     import getpass
     import tempfile
 
-    config = vs.server_config("my-model", {"device": "cpu"})
+    config = vs.server_config("my-model", {"device": "cpu"}, python=sys.executable)  # no vLLM needed to check this
     monkeypatch.setenv(
         "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
     )

@@ -71,7 +71,7 @@ class ServedPolicy:
         directory: Path,
         dist: Any,
         name: str = "policy",
-        max_retries: int = 5,
+        max_retries: int | None = None,
         run_id: str | None = None,
     ) -> None:
         from sleuth.llm import load_llm
@@ -94,7 +94,8 @@ class ServedPolicy:
         self.directory = directory
         self.dist = dist
         self.name = name
-        self.max_retries = max_retries
+        # the spec's own max_retries (openai:...?max_retries=N) unless the caller sets one
+        self.max_retries = template.max_retries if max_retries is None else max_retries
         self.run_id = shared_id
         self.current: tuple[str, Path] | None = None  # the adapter the server samples from (process 0)
         if dist.main and directory.is_dir():  # a resumed run: unload and delete the adapters an earlier run left
