@@ -150,7 +150,8 @@ def test_serve_retriever_subprocess_and_remote_search(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     sleuth = Path(sys.executable).with_name("sleuth")
     server = subprocess.Popen(
-        [str(sleuth), "serve", "retriever", "--index", str(tmp_path / "idx"), "--port", str(port)],
+        [str(sleuth), "serve", "retriever", "--index", str(tmp_path / "idx"), "--port", str(port)]
+        + ["--head-timeout", "1", "--max-connections", "8"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -171,6 +172,13 @@ def test_serve_retriever_subprocess_and_remote_search(tmp_path: Path) -> None:
         assert hits.exit_code == 0, hits.output
         rows = [json.loads(line) for line in hits.stdout.splitlines()]
         assert [r["id"] for r in rows][0] == "t3" and rows[0]["title"] == "Mount Everest" and len(rows) == 2
+        # --head-timeout reaches the server: a request head that never finishes is cut off (default: 10 s)
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as stalled:
+            stalled.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            opened = time.monotonic()
+            while stalled.recv(4096):
+                pass
+            assert time.monotonic() - opened < 8
     finally:
         server.terminate()
         server.wait(timeout=30)

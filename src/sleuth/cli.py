@@ -403,6 +403,13 @@ def serve_retriever(
     body_timeout: Annotated[
         float, typer.Option(help="Seconds a request body may take to arrive after its headers (then 408).")
     ] = 10.0,
+    head_timeout: Annotated[
+        float, typer.Option(help="Seconds a connection may take to send a complete request head (then closed).")
+    ] = 10.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(help="Open connections at most; one more gets a 503 (default: 3/4 of the file limit, <= 1024)."),
+    ] = None,
 ) -> None:
     """Serve an index with Search-R1's contract: POST /retrieve {queries, topk, return_scores}, GET /health."""
     from sleuth.retrieval import RetrievalError, load_retriever
@@ -418,6 +425,8 @@ def serve_retriever(
             max_topk=max_topk,
             batching=not no_batching,
             body_timeout=body_timeout,
+            head_timeout=head_timeout,
+            max_connections=max_connections,
         )
     except RetrievalError as exc:
         _fail(str(exc))
