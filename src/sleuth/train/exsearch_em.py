@@ -173,6 +173,8 @@ class EMConfig:
     patience: int = 1
     seed: int = 42  # code: 42 everywhere
     progress: bool = True
+    # curves (sleuth.train.tracking): "tensorboard" (OUT/tb), "wandb", "mlflow", "trackio"; [] or "none": off
+    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self) -> None:
         if self.weighting not in WEIGHTINGS:

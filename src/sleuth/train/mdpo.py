@@ -189,6 +189,8 @@ class MDPOConfig:
     # of the first without drawing them again. A plain string is one directory.
     rollouts_from: tuple[str, ...] = ()
     progress: bool = True
+    # curves (sleuth.train.tracking): "tensorboard" (OUT/tb), "wandb", "mlflow", "trackio"; [] or "none": off
+    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self) -> None:
         """Raise ValueError for option values train_mdpo cannot run with."""

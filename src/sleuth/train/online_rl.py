@@ -73,7 +73,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -246,6 +246,8 @@ class RLConfig:
     seed: int = 0
     concurrency: int = 64
     progress: bool = True
+    # curves (sleuth.train.tracking): "tensorboard" (OUT/tb), "wandb", "mlflow", "trackio"; [] or "none": off
+    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self) -> None:
         if self.algorithm not in ("grpo", "ppo"):

@@ -243,6 +243,8 @@ class SFTConfig:
     gradient_checkpointing: bool = True
     agent: AceSearcherConfig = field(default_factory=AceSearcherConfig)
     doc_agent: AceSearcherDocConfig = field(default_factory=AceSearcherDocConfig)
+    # curves (sleuth.train.tracking): "tensorboard" (OUT/tb), "wandb", "mlflow", "trackio"; [] or "none": off
+    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self) -> SFTConfig:
         """Check the options and turn ``sources`` mappings (from YAML) into :class:`SFTSource`; returns self."""
