@@ -1,10 +1,22 @@
-"""Bootstrap CIs used by the learning benchmarks (sleuth.eval.stats)."""
+"""Bootstrap CIs and the exact paired tests used by the learning benchmarks (sleuth.eval.stats)."""
 
 from __future__ import annotations
 
+from math import comb
+
 import pytest
 
-from sleuth.eval.stats import bootstrap_ci, paired_difference_ci
+from sleuth.eval.stats import (
+    ALPHA,
+    MIN_QUESTIONS,
+    bootstrap_ci,
+    exact_mcnemar,
+    holm,
+    paired_difference_ci,
+    paired_test,
+    shown,
+    sign_flip_test,
+)
 
 
 def test_constant_values_have_a_point_interval() -> None:
@@ -28,3 +40,55 @@ def test_paired_difference() -> None:
     assert better["mean"] == pytest.approx(0.6) and better["lo"] > 0 and better["p_not_better"] == 0.0
     with pytest.raises(ValueError):
         paired_difference_ci([1, 0], [1])
+
+
+def _pairs(better: int, worse: int, same: int) -> tuple[list[int], list[int]]:
+    """Per-question 0-1 scores: ``better`` questions 0 -> 1, ``worse`` 1 -> 0, ``same`` unchanged (half 0, half 1)."""
+    before = [0] * better + [1] * worse + [0] * (same // 2) + [1] * (same - same // 2)
+    after = [1] * better + [0] * worse + [0] * (same // 2) + [1] * (same - same // 2)
+    return before, after
+
+
+def test_exact_mcnemar_counts_discordant_questions_and_gives_the_binomial_tail() -> None:
+    # ARENA GRPO > warm start: 4 better, 0 worse of 102: the bootstrap CI cleared 0, the exact p is (1/2)^4
+    r = exact_mcnemar(*_pairs(4, 0, 98))
+    assert (r["better"], r["worse"], r["n"], r["discordant"]) == (4, 0, 102, 4)
+    assert r["p"] == 0.0625 and not shown(r["p"], r["n"])
+    # AceSearcher SFT > base: 47 better, 0 worse of 150: p = 2^-47
+    r = exact_mcnemar(*_pairs(47, 0, 103))
+    assert r["p"] == 2.0**-47 and shown(r["p"], r["n"])
+    # mDPO-2 > SFT: 11 better, 31 worse: P(X >= 11 | 42) = 1 - P(X <= 10); the other way P(X >= 31) is small
+    r = exact_mcnemar(*_pairs(11, 31, 108))
+    assert r["p"] == pytest.approx(sum(comb(42, i) for i in range(11, 43)) / 2**42)
+    assert r["p"] > 0.99
+    reverse = exact_mcnemar(*reversed(_pairs(11, 31, 108)))
+    assert reverse["p"] == pytest.approx(sum(comb(42, i) for i in range(31, 43)) / 2**42)
+    assert reverse["p"] == pytest.approx(0.0014, abs=1e-4)
+    assert exact_mcnemar([0, 1], [0, 1])["p"] == 1.0  # nothing changed
+    with pytest.raises(ValueError, match="0-1"):
+        exact_mcnemar([0.5, 1], [1, 1])
+    with pytest.raises(ValueError):
+        exact_mcnemar([0, 1], [1])
+
+
+def test_sign_flip_test_is_exact_when_small_and_matches_mcnemar_on_0_1_scores() -> None:
+    before, after = _pairs(6, 2, 92)  # s3 after PPO > naive RAG: 6 / 2
+    flip, mcnemar = sign_flip_test(before, after), exact_mcnemar(before, after)
+    assert flip["exact"] and flip["p"] == pytest.approx(mcnemar["p"]) == pytest.approx(37 / 256)
+    # continuous: differences +0.5, +0.25, -0.25: of the 8 sign flips, sums >= +0.5 are (+,+,-), (+,+,+), (+,-,+)
+    r = sign_flip_test([0.0, 0.0, 0.5, 0.3], [0.5, 0.25, 0.25, 0.3])
+    assert (r["better"], r["worse"], r["n"], r["discordant"]) == (2, 1, 4, 3) and r["p"] == pytest.approx(3 / 8)
+    # many non-zero differences: random flips, p never 0, reproducible by seed
+    big_before, big_after = [0.0] * 40, [0.3] * 30 + [-0.1] * 10
+    r = sign_flip_test(big_before, big_after, n_resamples=2000, seed=1)
+    assert not r["exact"] and 0 < r["p"] < 0.01 and r == sign_flip_test(big_before, big_after, 2000, 1)
+    assert paired_test(before, after)["test"] == "exact McNemar"
+    assert paired_test([0.0, 0.5], [0.5, 0.5])["test"] == "sign-flip"
+
+
+def test_holm_and_the_claim_standard() -> None:
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    assert holm([]) == []
+    assert ALPHA == 0.05 and MIN_QUESTIONS == 100
+    assert shown(0.049, 100) and not shown(0.05, 100) and not shown(0.001, 99)
