@@ -83,6 +83,8 @@ from sleuth.records import Example, Trace
 __all__ = ["DataParallel", "Episode", "RLConfig", "Task", "train_online"]
 
 LOG_FILE = "log.jsonl"
+# step-log keys that the curves (sleuth.train.tracking) spell as the HF Trainer does
+CURVE_TAGS = {"lr": "learning_rate", "critic_lr": "critic_learning_rate"}
 
 
 class DataParallel:
@@ -1111,6 +1113,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     import torch
 
     from sleuth.llm.hf import HFLLM
+    from sleuth.train import tracking
     from sleuth.train.mdpo import _resolve_model
 
     config.validate()
@@ -1121,6 +1124,8 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         raise ValueError(f"prompts_per_step={config.prompts_per_step} < {dist.world} processes: one would sit idle")
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # the curves (OUT/tb by default); a backend whose package is missing fails here, before any model loads
+    tracker = tracking.Tracker(config.report_to, out, out.name, dataclasses.asdict(config), enabled=dist.main)
     checkpoint = out / "checkpoint"
     resume = checkpoint if (checkpoint / "state.json").exists() else None
     start = json.loads((checkpoint / "state.json").read_text())["step"] if resume else 0
@@ -1204,6 +1209,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
             entry.update(_advantages(usable, stats, config, dist))
             entry.update(_update(models, usable, stats, config, dist, actor=actor))
         entry["seconds"] = round(time.perf_counter() - t0, 2)
+        entry["tokens_per_second"] = round(sum(trained) / max(entry["seconds"], 1e-3), 1)  # response tokens
         entry["rollout_seconds"] = round(max(dist.gather(t_rollout)), 2)
         log.append(entry)
         if dist.main:
@@ -1211,6 +1217,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
                 f.write(json.dumps(entry) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+        tracker.log(step, {CURVE_TAGS.get(k, k): v for k, v in entry.items() if k != "step"})
         if config.progress and dist.main:
             cut = ""
             if entry["truncated"] or entry["too_long"]:
@@ -1233,6 +1240,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     final = out / "model"
     if start < config.steps or not (final / "config.json").exists():  # a run extended to more steps re-saves
         models.save_final(final, config, main=dist.main)
+    tracker.close()
     if dist.main:
         _plot(log, out / "curves.png")
     summary = {
