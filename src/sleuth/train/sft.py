@@ -1189,6 +1189,8 @@ def build_trainer(
     from trl import SFTConfig as TRLConfig
     from trl import SFTTrainer
 
+    from sleuth.train.tracking import hf_reporting
+
     if not train:
         raise ValueError("no training records: check the sources (see the data summary)")
     model_path = config.model_path()
@@ -1202,6 +1204,8 @@ def build_trainer(
         return Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in records])
 
     eval_set = dataset(val) if val else None
+    # the curves: TensorBoard events in OUTPUT_DIR/tb (train/loss, train/learning_rate, eval/loss, ...)
+    report_to, reporting = hf_reporting(config.report_to, config.output_dir)
     args = TRLConfig(
         output_dir=config.output_dir,
         num_train_epochs=config.epochs,
@@ -1230,7 +1234,7 @@ def build_trainer(
         completion_only_loss=True,
         packing=False,
         model_init_kwargs={"dtype": config.dtype},
-        report_to="none",
+        report_to=report_to,
     )
     peft_config = None
     if config.use_lora:
@@ -1251,7 +1255,7 @@ def build_trainer(
         eval_dataset=eval_set,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=list(callbacks),
+        callbacks=[*reporting, *callbacks],
     )
 
 
