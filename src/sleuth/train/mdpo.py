@@ -75,6 +75,7 @@ from sleuth.records import Example, Step, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.rollouts import STORE_MANIFEST, Rollout, RolloutStore, collect, model_revision
+from sleuth.train.tracking import Tracker, hf_reporting
 
 __all__ = [
     "MDPO_KEY",
@@ -795,6 +796,8 @@ def build_dpo_trainer(
     if config.nll_weight > 0:
         losses.append("sft")
         weights.append(config.nll_weight)
+    trainer_dir = Path(output_dir)  # RUN/iter{t}/trainer: the DPO curves go to RUN/tb/iter{t}
+    report_to, reporting = hf_reporting(config.report_to, trainer_dir.parent.parent, trainer_dir.parent.name)
     args = DPOConfig(
         output_dir=str(output_dir),
         beta=config.beta,
@@ -819,7 +822,7 @@ def build_dpo_trainer(
         save_strategy="steps",
         save_steps=config.save_steps,
         save_total_limit=2,
-        report_to=[],
+        report_to=report_to,
         seed=config.seed,
         data_seed=config.seed,
         dataloader_num_workers=0,
@@ -838,6 +841,7 @@ def build_dpo_trainer(
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,
+        callbacks=reporting,
     )
     if not config.progress:
         from transformers.trainer_callback import PrinterCallback
@@ -1199,6 +1203,7 @@ def _iterate(
 ) -> dict[str, Any]:
     out = Path(config.output_dir)
     blocks = [iteration_questions(config, train, t) for t in range(1, config.iterations + 1)]  # fails before sampling
+    tracker = Tracker(config.report_to, out, out.name, to_mapping(config))  # iteration statistics in OUT/tb
     for t in range(1, config.iterations + 1):
         train = blocks[t - 1]
         it = out / f"iter{t}"
@@ -1297,7 +1302,9 @@ def _iterate(
         _write_json(stats_path, stats)
         _log(config, f"iteration {t}: dev EM {dev_stats.get('em')}, DPO accuracy {train_stats.get('accuracy')}")
         iterations.append(stats)
+        tracker.log(t, stats)  # its numbers: pairs/*, mean_reward, dpo/*, dev/*, seconds/*, ...
         policy = model_dir
+    tracker.close()
     summary = {
         "final_model": str(policy),
         "iterations": [
