@@ -17,13 +17,39 @@ output directory) after :func:`key_hash` of its key.
 
 Hyper-parameters are chosen on the dev split only: :meth:`Experiment.record_trial` appends each run's settings and
 dev metrics to ``RESULTS/trials.json`` (kept across work directories), and the report lists them all.
+:meth:`Experiment.choose` is the rule that picks a group's setting on dev (best dev value of one stage, ties to the
+earliest trial); it records the choice with a timestamp in ``trials.json``, and an evaluation on ``test`` that names
+its group (``evaluate(..., group=G)``) is refused until G's choice is recorded. Every tried setting's test result
+is still reported; the report marks the chosen one.
+
+**Results accumulate.** The working directory defaults to ``$SLEUTH_RUNS/learn-NAME[-smoke|-full]``
+(``$SLEUTH_RUNS`` defaults to ``$SLEUTH_HOME/runs``, see :func:`sleuth.assets.sleuth_home`; ``--work`` overrides
+both), outside any checkout, so a later run on the same machine continues where the last stopped. Each evaluation
+record carries an ``eval_key``: its key with every path replaced by the content hash of what it names
+(:func:`content_hash`: a model's weight, config and tokenizer files, any other directory's files), the split, and
+the data settings (the ``world`` stage's key); it is written into ``results.json``. On a miss in the working
+directory, :meth:`Experiment.evaluate` looks the ``eval_key`` up in the committed ``RESULTS/results.json`` and reads
+a match back as a cache hit, so a committed evaluation is never recomputed, whatever checkout or work directory a
+run starts from. A small trained artifact that later stages consume (a LoRA adapter of at most
+``ARTIFACT_MAX_BYTES``) may be committed under ``RESULTS/artifacts/<stage>/`` with its content hash
+(:func:`save_artifact`) and reused (:func:`load_artifact`, which refuses files that do not match the hash).
+
+**Claims.** A benchmark declares its claims as data (``CLAIMS`` in each ``learn_*.py``: name, metric, the stage
+before and the stage after, on ``test``); :meth:`Experiment.write` adds them to ``results.json`` (:func:`claims`)
+and a table to ``results.md``: better / worse questions, the one-sided exact p (:func:`sleuth.eval.stats.paired_test`),
+*shown* by the standard of :func:`sleuth.eval.stats.shown` (p < 0.05 on >= 100 test questions) and Holm's
+correction across the benchmark's claims (``p_holm``, ``shown_holm``). ``benchmarks/recompute_claims.py`` rewrites
+them in the committed results from their per-question scores.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import hashlib
 import json
+import os
 import platform
 import shlex
 import shutil
@@ -33,11 +59,131 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sleuth.eval.stats import bootstrap_ci, paired_difference_ci
+from sleuth.eval.stats import ALPHA, MIN_QUESTIONS, bootstrap_ci, holm, paired_difference_ci, paired_test, shown
 from sleuth.retrieval.building import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
+
+
+ARTIFACT_MAX_BYTES = 10 * 2**20
+"""The largest trained artifact (all its files) :func:`save_artifact` commits beside a benchmark's results."""
+
+HASH_CACHE = ".sleuth-sha256.json"
+"""The file beside a hashed directory's files that caches :func:`content_hash` (by each file's size and mtime)."""
+
+_MODEL_FILES = (".safetensors", ".bin", ".json", ".model", ".txt", ".jinja")
+
+
+def runs_home() -> Path:
+    """Where the benchmarks' working directories live by default: ``$SLEUTH_RUNS``, else ``$SLEUTH_HOME/runs``."""
+    from sleuth.assets import sleuth_home
+
+    env = os.environ.get("SLEUTH_RUNS")
+    return Path(env).expanduser() if env else sleuth_home() / "runs"
+
+
+def _hashed_files(root: Path) -> list[Path]:
+    """The files whose content :func:`content_hash` covers: of a model directory (``config.json`` or
+    ``adapter_config.json`` in it) its top-level weight, config and tokenizer files (``training_args.bin`` aside: it
+    names the output directory), of any other directory every file below it."""
+    if (root / "config.json").is_file() or (root / "adapter_config.json").is_file():
+        return sorted(
+            f
+            for f in root.iterdir()
+            if f.is_file() and f.suffix in _MODEL_FILES and f.name not in (HASH_CACHE, "training_args.bin")
+        )
+    return sorted(f for f in root.rglob("*") if f.is_file() and f.name != HASH_CACHE)
+
+
+def content_hash(path: str | Path) -> str:
+    """sha256 of a file's bytes, or of a directory's files (:func:`_hashed_files`: names and bytes), cached for a
+    directory in ``HASH_CACHE`` beside them, keyed by each file's size and mtime (a changed file is hashed again;
+    an unwritable directory is hashed every time)."""
+    root = Path(path)
+    if root.is_file():
+        return hashlib.sha256(root.read_bytes()).hexdigest()
+    files = _hashed_files(root)
+    stamp = {str(f.relative_to(root)): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+    cache = root / HASH_CACHE
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("files") == stamp:
+            return cached["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(root)).encode() + b"\0")
+        with open(f, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    value = digest.hexdigest()
+    with contextlib.suppress(OSError):  # unwritable: hashed again next time
+        write_atomic(cache, (json.dumps({"sha256": value, "files": stamp}) + "\n").encode())
+    return value
+
+
+def portable(key: Any) -> Any:
+    """``key`` with every string that names an existing file or directory (it contains a ``/``) replaced by
+    ``sha256:<content_hash>``: what an evaluation depends on, wherever the files lie."""
+    if isinstance(key, dict):
+        return {k: portable(v) for k, v in key.items()}
+    if isinstance(key, list | tuple):
+        return [portable(v) for v in key]
+    if isinstance(key, str) and "/" in key and Path(key).expanduser().exists():
+        return "sha256:" + content_hash(Path(key).expanduser())
+    return key
+
+
+def save_artifact(results: Path, stage: str, source: Path, max_bytes: int = ARTIFACT_MAX_BYTES) -> str:
+    """Copy the trained artifact ``source`` (a directory, e.g. a LoRA adapter) to ``RESULTS/artifacts/<stage>/``
+    to be committed, with ``ARTIFACT.json`` holding its content hash; refused above ``max_bytes``. Its hash."""
+    files = _hashed_files(source)
+    size = sum(f.stat().st_size for f in files)
+    if size > max_bytes:
+        raise ValueError(f"{source}: {size} bytes, over the {max_bytes} an artifact may have to be committed")
+    target = results / "artifacts" / stage
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for f in files:
+        (target / f.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target / f.relative_to(source))
+    value = content_hash(source)
+    (target / HASH_CACHE).unlink(missing_ok=True)
+    manifest = {"stage": stage, "sha256": value, "bytes": size, "source": short(source)}
+    write_atomic(target / "ARTIFACT.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    if _artifact_hash(target) != value:
+        raise ValueError(f"{target}: the copy's content hash differs from {source}'s")
+    return value
+
+
+def _artifact_hash(target: Path) -> str:
+    """The content hash of an artifact directory's files but its manifest (no cache file: always computed)."""
+    digest = hashlib.sha256()
+    for f in _hashed_files(target):
+        if f.name != "ARTIFACT.json":
+            digest.update(str(f.relative_to(target)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def load_artifact(results: Path, stage: str, sha256: str | None = None) -> Path | None:
+    """The committed artifact of ``stage`` (``RESULTS/artifacts/<stage>/``), or None when there is none; an error
+    when its files do not match the hash in its ``ARTIFACT.json``, or ``sha256`` when given (another setting's)."""
+    target = results / "artifacts" / stage
+    manifest = target / "ARTIFACT.json"
+    if not manifest.exists():
+        return None
+    recorded = json.loads(manifest.read_text())["sha256"]
+    actual = _artifact_hash(target)
+    if actual != recorded or (sha256 is not None and recorded != sha256):
+        raise ValueError(
+            f"{target}: content hash {actual[:12]}, recorded {recorded[:12]}"
+            + (f", wanted {sha256[:12]}" if sha256 else "")
+            + ": refusing a mismatched artifact"
+        )
+    return target
 
 
 def key_hash(key: Any) -> str:
@@ -95,11 +241,12 @@ def _sizes(full: dict[str, Any]) -> str:
 
 def run_dirs(name: str, args: argparse.Namespace, results: Path) -> tuple[Path, Path]:
     """The working and results directories of benchmark ``name`` (``learn_arena``): ``--work`` / ``--results`` when
-    given; else ``runs/learn-arena`` and the committed ``results``, ``runs/learn-arena-smoke`` and a results
-    directory inside it with ``--smoke``, ``runs/learn-arena-full`` and ``results/full`` with ``--full`` (a GPU run's
-    report sits beside the CPU one and never mixes its stages with the CPU run's)."""
+    given; else ``RUNS/learn-arena`` and the committed ``results``, ``RUNS/learn-arena-smoke`` and a results
+    directory inside it with ``--smoke``, ``RUNS/learn-arena-full`` and ``results/full`` with ``--full`` (a GPU run's
+    report sits beside the CPU one and never mixes its stages with the CPU run's). ``RUNS`` is :func:`runs_home`
+    (``$SLEUTH_RUNS``, else ``$SLEUTH_HOME/runs``): outside the checkout, so runs accumulate across checkouts."""
     variant = "-smoke" if args.smoke else "-full" if getattr(args, "full", False) else ""
-    work = args.work or REPO / "runs" / (name.replace("_", "-") + variant)
+    work = args.work or runs_home() / (name.replace("_", "-") + variant)
     if args.results:
         return work, args.results
     return work, work / "results" if args.smoke else results / "full" if variant else results
@@ -159,12 +306,17 @@ def online_rl_result(out: Path, summary: dict[str, Any], continued: str | None) 
 class Experiment:
     """One benchmark run: its working directory (stage outputs, caches) and its results directory (the report)."""
 
-    def __init__(self, name: str, work: Path, results: Path, seed: int = 0) -> None:
+    def __init__(
+        self, name: str, work: Path, results: Path, seed: int = 0, claims: Sequence[dict[str, Any]] = ()
+    ) -> None:
         self.name, self.work, self.results, self.seed = name, work, results, seed
+        self.claim_specs = list(claims)
         self.started = time.perf_counter()
         work.mkdir(parents=True, exist_ok=True)
         results.mkdir(parents=True, exist_ok=True)
         self.seconds: dict[str, float] = {}
+        self.data: dict[str, Any] = {}  # the data settings every evaluation depends on (the world stage's key)
+        self._committed: dict[str, dict[str, Any]] | None = None
 
     # -- stages ----------------------------------------------------------------------------------------------------
 
@@ -197,6 +349,8 @@ class Experiment:
     def stage(self, name: str, key: Any, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """``run()``'s result (a JSON object) for stage ``name``, computed once per ``key``; seconds recorded."""
         path = self.work / "stages" / f"{name}.json"
+        if name == "world":
+            self.data["world"] = json.loads(json.dumps(key, default=str))
         cached = self._cached(path, key, f"stage {name}")
         if cached is None:
             print(f"[{self.name}] stage {name} ...", flush=True)
@@ -240,17 +394,59 @@ class Experiment:
         record = self.stage("world", settings, make)
         return Path(record["world"]), record["index"]
 
-    def evaluate(self, stage: str, split: str, key: Any, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def eval_key(self, split: str, key: Any) -> dict[str, Any]:
+        """What an evaluation depends on, wherever its files lie: the split, the data settings and ``key`` with
+        paths replaced by content hashes (:func:`portable`); committed in ``results.json`` and looked up there."""
+        return {"split": split, "data": self.data, "settings": portable(json.loads(json.dumps(key, default=str)))}
+
+    def committed(self) -> dict[str, dict[str, Any]]:
+        """The evaluations of the committed ``RESULTS/results.json`` that carry an ``eval_key``, by that key."""
+        if self._committed is None:
+            self._committed = {}
+            path = self.results / "results.json"
+            if path.exists():
+                for record in _evaluation_records(json.loads(path.read_text())):
+                    if "eval_key" in record:
+                        self._committed[json.dumps(record["eval_key"], sort_keys=True)] = record
+        return self._committed
+
+    def evaluate(
+        self, stage: str, split: str, key: Any, run: Callable[[], dict[str, Any]], group: str | None = None
+    ) -> dict[str, Any]:
         """Evaluation of stage ``stage`` on ``split``: ``run()`` returns ``{"per_example": {metric: [values]}}``
-        (plus anything else worth keeping); cached like a stage. Adds ``ci``: a bootstrap CI per metric."""
+        (plus anything else worth keeping); cached like a stage, and read back from the committed results when
+        they hold one with the same :meth:`eval_key` (``from_committed``). Adds ``ci``: a bootstrap CI per metric.
+        ``group``: the dev choice (:meth:`choose`) this stage's setting belongs to; on ``test`` it must be recorded
+        first."""
+        if group is not None and split == "test":
+            choice = self.choice(group)
+            if choice is None:
+                raise SystemExit(
+                    f"[{self.name}] {stage} on test: the dev choice of group {group!r} is not recorded yet "
+                    "(Experiment.choose after the dev evaluations): the test split is looked at only after it"
+                )
         # an evaluation is a pure function of its key (model, questions, agent): cached under the key's hash, so
         # trying another setting of a later stage keeps the earlier evaluations and never mixes two settings
         path = self.work / "eval" / split / f"{stage}-{key_hash(key)}.json"
         cached = self._cached(path, key, f"evaluation of {stage} on {split}")
         if cached is None:
-            print(f"[{self.name}] evaluating {stage} on {split} ...", flush=True)
             started = time.perf_counter()
-            cached = self._store(path, key, run(), time.perf_counter() - started)
+            portable_key = self.eval_key(split, key)
+            hit = self.committed().get(json.dumps(portable_key, sort_keys=True))
+            if hit is not None:
+                print(f"[{self.name}] {stage} on {split}: the committed evaluation (same eval_key)", flush=True)
+                result = {k: v for k, v in hit.items() if k not in ("key", "seconds", "ci")}
+                result["from_committed"] = short(self.results / "results.json")
+                cached = self._store(path, key, result, float(hit.get("seconds", 0.0)))
+            else:
+                print(f"[{self.name}] evaluating {stage} on {split} ...", flush=True)
+                result = {**run(), "eval_key": portable_key}
+                cached = self._store(path, key, result, time.perf_counter() - started)
+        if "eval_key" not in cached:  # evaluated before eval keys existed
+            cached["eval_key"] = self.eval_key(split, key)
+            write_atomic(path, (json.dumps(cached, indent=1, default=str) + "\n").encode())
+        if group is not None:
+            cached["group"] = group
         self.seconds[f"eval {split} {stage}"] = cached["seconds"]
         cached["ci"] = {m: bootstrap_ci(v, seed=self.seed) for m, v in cached["per_example"].items()}
         shown = ", ".join(f"{m} {100 * c['mean']:.1f}" for m, c in cached["ci"].items())
@@ -264,12 +460,11 @@ class Experiment:
     def differences(
         self, evaluations: dict[str, dict[str, Any]], pairs: Sequence[tuple[str, str]], metrics: Sequence[str]
     ) -> dict[str, dict[str, dict[str, float]]]:
-        """Paired bootstrap CI of ``after - before`` per metric, for each ``(after, before)`` of ``pairs``."""
+        """Paired bootstrap CI of ``after - before`` per metric, for each ``(after, before)`` of ``pairs``, with
+        the one-sided exact test of "after > before" (:func:`compare`: ``better``, ``worse``, ``p_exact``)."""
         return {
             f"{after} - {before}": {
-                m: paired_difference_ci(
-                    evaluations[before]["per_example"][m], evaluations[after]["per_example"][m], seed=self.seed
-                )
+                m: compare(evaluations[before]["per_example"][m], evaluations[after]["per_example"][m], self.seed)
                 for m in metrics
             }
             for after, before in pairs
@@ -278,24 +473,69 @@ class Experiment:
 
     # -- settings tried on the dev split ---------------------------------------------------------------------------
 
-    def record_trial(self, settings: dict[str, Any], dev: dict[str, dict[str, Any]], metric: str) -> list[dict]:
-        """Add this run's settings and its dev-split ``metric`` per stage to ``RESULTS/trials.json``; all trials."""
+    def _trials_file(self) -> list[dict[str, Any]]:
         path = self.results / "trials.json"
-        trials = json.loads(path.read_text()) if path.exists() else []
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def record_trial(
+        self, settings: dict[str, Any], dev: dict[str, dict[str, Any]], metric: str, group: str | None = None
+    ) -> list[dict]:
+        """Add this run's settings and its dev-split ``metric`` per stage to ``RESULTS/trials.json`` (``group``:
+        the settings compared with each other by :meth:`choose`); all entries (trials, then recorded choices)."""
+        entries = self._trials_file()
         entry = {
             "id": key_hash(settings),
             "settings": json.loads(json.dumps(settings, default=str)),
             "dev": {stage: round(100 * e["ci"][metric]["mean"], 1) for stage, e in dev.items()},
             "dev_n": max((self.n(e) for e in dev.values()), default=0),
             "metric": metric,
+            **({"group": group} if group is not None else {}),
+            "at": _now(),
         }
-        trials = [t for t in trials if t["id"] != entry["id"]] + [entry]
-        write_atomic(path, (json.dumps(trials, indent=1) + "\n").encode())
-        return trials
+        old = next((t for t in entries if t.get("id") == entry["id"] and "settings" in t), None)
+        if old is not None and old.get("at"):
+            entry["at"] = old["at"]  # first recorded
+        entries = [t for t in entries if not (t.get("id") == entry["id"] and "settings" in t)] + [entry]
+        write_atomic(self.results / "trials.json", (json.dumps(entries, indent=1) + "\n").encode())
+        return entries
+
+    def choose(self, group: str, stage: str, higher_is_better: bool = True) -> dict[str, Any]:
+        """The rule that picks a setting on dev: of the trials of ``group`` (``record_trial``'s ``group``), the one
+        with the best dev value of ``stage`` (its recorded metric; ties: the earliest recorded). The choice is
+        appended to ``trials.json`` with a timestamp (unless the same choice among the same trials is there), and
+        from then on test evaluations of the group are allowed (:meth:`evaluate`). Returns the choice."""
+        entries = self._trials_file()
+        candidates = [t for t in entries if "settings" in t and t.get("group") == group and stage in t["dev"]]
+        if not candidates:
+            raise SystemExit(f"[{self.name}] choose {group!r}: no trial of the group has a dev value of {stage!r}")
+        sign = 1 if higher_is_better else -1
+        best = max(candidates, key=lambda t: (sign * t["dev"][stage], -candidates.index(t)))
+        choice = {
+            "choice": group,
+            "id": best["id"],
+            "stage": stage,
+            "metric": best["metric"],
+            "higher_is_better": higher_is_better,
+            "dev": best["dev"][stage],
+            "among": [t["id"] for t in candidates],
+        }
+        for old in entries:
+            if "choice" in old and {k: old.get(k) for k in choice} == choice:
+                return old
+        choice["at"] = _now()
+        write_atomic(self.results / "trials.json", (json.dumps([*entries, choice], indent=1) + "\n").encode())
+        print(f"[{self.name}] dev choice of {group}: {best['id']} ({stage} {best['dev'][stage]})", flush=True)
+        return choice
+
+    def choice(self, group: str) -> dict[str, Any] | None:
+        """The latest recorded dev choice of ``group``, or None."""
+        return next((t for t in reversed(self._trials_file()) if t.get("choice") == group), None)
 
     # -- report ----------------------------------------------------------------------------------------------------
 
     def write(self, results: dict[str, Any], markdown: str) -> None:
+        """Write ``results.json`` and ``results.md``; with the benchmark's claims (``Experiment(claims=...)``),
+        both get them (:func:`claims`, :func:`claims_table`)."""
         results = {
             "benchmark": self.name,
             "command": command_line(),
@@ -303,8 +543,12 @@ class Experiment:
             "seconds": {**self.seconds, "this_invocation": round(time.perf_counter() - self.started, 1)},
             **results,
         }
+        if self.claim_specs:
+            results["claims"] = claims(results, self.claim_specs, self.seed)
+            markdown = with_claims_table(markdown, results["claims"])
         write_atomic(self.results / "results.json", (json.dumps(results, indent=1, default=str) + "\n").encode())
         write_atomic(self.results / "results.md", markdown.encode())
+        self._committed = None
         print(f"results in {self.results}", flush=True)
 
     def header(self, title: str, summary: str) -> list[str]:
@@ -323,6 +567,130 @@ class Experiment:
         return "Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items()) + "."
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def compare(before: Sequence[float], after: Sequence[float], seed: int = 0) -> dict[str, Any]:
+    """``after - before`` on the same questions: the paired bootstrap CI and its share of resamples <= 0
+    (:func:`sleuth.eval.stats.paired_difference_ci`) with the one-sided exact test of "after > before"
+    (:func:`sleuth.eval.stats.paired_test`): ``better``, ``worse``, ``p_exact``, ``test``."""
+    test = paired_test(before, after, seed=seed)
+    return {
+        **paired_difference_ci(list(before), list(after), seed=seed),
+        "better": test["better"],
+        "worse": test["worse"],
+        "p_exact": test["p"],
+        "test": test["test"],
+    }
+
+
+def _evaluation_records(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every evaluation record (a dict with ``per_example``) anywhere in a ``results.json``."""
+    found: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "per_example" in node:
+                found.append(node)
+                return
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(results)
+    return found
+
+
+def split_evaluations(results: dict[str, Any], split: str) -> dict[str, dict[str, Any]]:
+    """The evaluations of ``split`` by stage in a ``results.json``: ``results["evaluations"][split]``, or
+    ``results[split]`` (learn_acesearcher's layout)."""
+    holder = results.get("evaluations", results)
+    return holder.get(split, {}) if isinstance(holder, dict) else {}
+
+
+def claims(results: dict[str, Any], specs: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """The claims ``specs`` (each ``{name, metric, before, after}``, optional ``split`` (default ``test``) and
+    ``before_metric`` (compare ``after``'s metric with another metric, e.g. s3's naive RAG accuracy)) tested on
+    the per-question scores in ``results``: ``{name, metric, split, before, after, n, better, worse, mean, lo, hi,
+    p_exact, test, shown}``, then Holm across them (``p_holm``, ``shown_holm``). A claim whose stages are not in
+    ``results`` is left out."""
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        split = spec.get("split", "test")
+        evals = split_evaluations(results, split)
+        if spec["before"] not in evals or spec["after"] not in evals:
+            continue
+        before = evals[spec["before"]]["per_example"][spec.get("before_metric", spec["metric"])]
+        after = evals[spec["after"]]["per_example"][spec["metric"]]
+        c = compare(before, after, seed)
+        out.append(
+            {
+                "name": spec["name"],
+                "metric": spec["metric"],
+                **({"before_metric": spec["before_metric"]} if "before_metric" in spec else {}),
+                "split": split,
+                "before": spec["before"],
+                "after": spec["after"],
+                "n": len(after),
+                "better": c["better"],
+                "worse": c["worse"],
+                "mean": c["mean"],
+                "lo": c["lo"],
+                "hi": c["hi"],
+                "p_exact": c["p_exact"],
+                "test": c["test"],
+                "shown": shown(c["p_exact"], len(after)),
+            }
+        )
+    for claim, p in zip(out, holm([c["p_exact"] for c in out]), strict=True):
+        claim["p_holm"] = p
+        claim["shown_holm"] = shown(p, claim["n"])
+    return out
+
+
+def claims_table(found: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown: the claims section (:func:`claims`), its rule first."""
+    lines = [
+        "## Claims",
+        "",
+        f"A claim is **shown** when its one-sided exact p < {ALPHA} on >= {MIN_QUESTIONS} test questions (exact "
+        "McNemar on the questions that changed for 0-1 metrics, exact or 100,000-draw sign-flip test otherwise); "
+        "Holm's correction across this benchmark's claims is the last column. The difference's paired bootstrap "
+        "95% CI is shown beside it, not used for the verdict.",
+        "",
+        "| claim | metric | n | better / worse | difference [95% CI] | exact p | shown | Holm p | shown (Holm) |",
+        "|---|---|---:|---|---|---:|---|---:|---|",
+    ]
+    for c in found:
+        metric = c["metric"] + (f" vs {c['before_metric']}" if "before_metric" in c else "")
+        lines.append(
+            f"| {c['name']} ({c['after']} vs {c['before']}) | {metric} | {c['n']} | {c['better']} / {c['worse']} "
+            f"| {pct(c['mean'], True)} [{pct(c['lo'], True)}, {pct(c['hi'], True)}] | {_p(c['p_exact'])} "
+            f"| {'yes' if c['shown'] else 'no'} | {_p(c['p_holm'])} | {'yes' if c['shown_holm'] else 'no'} |"
+        )
+    return lines
+
+
+CLAIMS_BEGIN, CLAIMS_END = "<!-- claims: benchmarks/harness.py -->", "<!-- /claims -->"
+
+
+def with_claims_table(markdown: str, found: Sequence[dict[str, Any]]) -> str:
+    """``markdown`` with its claims section (between ``CLAIMS_BEGIN`` and ``CLAIMS_END``) replaced by, or else
+    followed by, :func:`claims_table` of ``found``."""
+    block = "\n".join([CLAIMS_BEGIN, *claims_table(found), CLAIMS_END])
+    if CLAIMS_BEGIN in markdown and CLAIMS_END in markdown:
+        head, rest = markdown.split(CLAIMS_BEGIN, 1)
+        return head + block + rest.split(CLAIMS_END, 1)[1]
+    return markdown.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def _p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
 class ModelServer:
     """The LLM of one model, opened on first use and shared by its evaluations (one vLLM server start per model,
     not per split)."""
@@ -338,7 +706,7 @@ class ModelServer:
             from types import SimpleNamespace
 
             from sleuth.llm import load_llm
-            from sleuth.train.mdpo import engine_spec
+            from sleuth.train.common import engine_spec
 
             self.llm = load_llm(
                 engine_spec(SimpleNamespace(engine=self.engine, llm_options=self.options), self.model_dir)
@@ -347,7 +715,7 @@ class ModelServer:
 
     def __exit__(self, *exc: object) -> None:
         if self.llm is not None:
-            from sleuth.train.mdpo import close_llm
+            from sleuth.train.common import close_llm
 
             close_llm(self.llm)
 
@@ -396,14 +764,19 @@ def difference_table(differences: dict[str, dict[str, dict[str, float]]], metric
         for m in metrics:
             d = per_metric[m]
             mark = " ✓" if d["lo"] > 0 else ""
-            cells.append(
+            cell = (
                 f"{pct(d['mean'], True)} [{pct(d['lo'], True)}, {pct(d['hi'], True)}] p {d['p_not_better']:.3f}{mark}"
             )
+            if "p_exact" in d:
+                cell += f"; {d['better']}/{d['worse']} exact p {_p(d['p_exact'])}"
+            cells.append(cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Paired bootstrap over the same questions (1000 resamples); p = share of resamples with a "
-        "difference <= 0; ✓ = 95% CI strictly above 0.",
+        "difference <= 0; ✓ = 95% CI strictly above 0 (anti-conservative when few questions changed); b/w = "
+        "questions better / worse and the one-sided exact p (exact McNemar, or sign-flip for continuous metrics): "
+        "the claims table's verdict rests on it.",
     ]
     return lines
 
@@ -471,7 +844,11 @@ def step_table(rows: list[dict[str, Any]], components: Sequence[tuple[str, str]]
 
 
 def trials_table(trials: list[dict[str, Any]], varying_only: bool = True) -> list[str]:
-    """Markdown rows of every setting tried, with its dev result per stage (only the settings that differ)."""
+    """Markdown rows of every setting tried, with its dev result per stage (only the settings that differ); the
+    entries of ``trials.json`` that are dev choices (:meth:`Experiment.choose`) mark their trial as chosen."""
+    latest = {t["choice"]: t for t in trials if "choice" in t}  # a group's later choice supersedes its earlier
+    choices = {t["id"]: t for t in latest.values()}
+    trials = [t for t in trials if "settings" in t]
     if not trials:
         return []
     keys = sorted({k for t in trials for k in _flat(t["settings"])})
@@ -482,15 +859,22 @@ def trials_table(trials: list[dict[str, Any]], varying_only: bool = True) -> lis
         keys = []
     stages = list(dict.fromkeys(s for t in trials for s in t["dev"]))
     metric = trials[-1]["metric"]
+    rule = (
+        "the chosen trial was picked by the harness's rule (best dev value, recorded before its test evaluations)"
+        if choices
+        else "no dev choice was recorded by the harness (Experiment.choose): the reported setting was picked by hand"
+    )
     lines = [
-        f"Settings tried (dev split, {metric}; the test split was not looked at to choose):",
+        f"Settings tried (dev split, {metric}; {rule}):",
         "",
         "| trial | " + " | ".join(keys + [f"dev {s}" for s in stages]) + " |",
         "|---" * (len(keys) + len(stages) + 1) + "|",
     ]
     for t, f in zip(trials, flat, strict=True):
         cells = [json.dumps(f.get(k)) for k in keys] + [str(t["dev"].get(s, "–")) for s in stages]
-        lines.append(f"| {t['id']} | " + " | ".join(cells) + " |")
+        chosen = choices.get(t["id"])
+        mark = f" (chosen: {chosen['choice']}, dev {chosen['stage']}, {chosen['at']})" if chosen else ""
+        lines.append(f"| {t['id']}{mark} | " + " | ".join(cells) + " |")
     return lines
 
 

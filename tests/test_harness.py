@@ -14,12 +14,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from harness import (  # noqa: E402
     Experiment,
+    claims,
+    content_hash,
     difference_table,
     key_hash,
+    load_artifact,
     rollout_steps,
+    save_artifact,
     stage_table,
     step_table,
     trials_table,
+    with_claims_table,
 )
 
 
@@ -243,7 +248,7 @@ def test_rollout_steps_count_mixed_groups_and_average_components(tmp_path: Path)
 def test_full_sets_the_gpu_sizes_as_defaults_and_a_given_flag_still_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from harness import REPO, parse_sized, run_dirs
+    from harness import parse_sized, run_dirs
 
     def parse(*argv: str) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
@@ -256,17 +261,155 @@ def test_full_sets_the_gpu_sizes_as_defaults_and_a_given_flag_still_wins(monkeyp
         return parse_sized(parser, {"steps": 30, "group": 7})
 
     results = Path("/committed/learn_x")
+    monkeypatch.delenv("SLEUTH_RUNS", raising=False)
+    monkeypatch.setenv("SLEUTH_HOME", "/home-of-sleuth")  # work directories live outside the checkout
+    runs = Path("/home-of-sleuth/runs")
     plain = parse()
     assert (plain.steps, plain.group, plain.full) == (4, 4, False)
-    assert run_dirs("learn_x", plain, results) == (REPO / "runs" / "learn-x", results)
+    assert run_dirs("learn_x", plain, results) == (runs / "learn-x", results)
     full = parse("--full", "--steps", "12")
     assert (full.steps, full.group) == (12, 7)  # the flag given wins over the GPU size
-    assert run_dirs("learn_x", full, results) == (REPO / "runs" / "learn-x-full", results / "full")
+    assert run_dirs("learn_x", full, results) == (runs / "learn-x-full", results / "full")
     smoke = parse("--smoke")
-    assert run_dirs("learn_x", smoke, results) == (
-        REPO / "runs" / "learn-x-smoke",
-        REPO / "runs" / "learn-x-smoke" / "results",
-    )
+    assert run_dirs("learn_x", smoke, results) == (runs / "learn-x-smoke", runs / "learn-x-smoke" / "results")
+    monkeypatch.setenv("SLEUTH_RUNS", "/elsewhere")
+    assert run_dirs("learn_x", plain, results) == (Path("/elsewhere/learn-x"), results)
     assert run_dirs("learn_x", parse("--full", "--work", "/w"), results) == (Path("/w"), results / "full")
     with pytest.raises(SystemExit):
         parse("--smoke", "--full")
+
+
+def _model(path: Path, weights: bytes) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def test_a_committed_evaluation_is_read_back_by_model_content_and_settings(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def run(tag: str, values: list[float]):
+        def inner() -> dict:
+            calls.append(tag)
+            return {"per_example": {"em": values}}
+
+        return inner
+
+    results = tmp_path / "docs" / "learn_t"
+    model = _model(tmp_path / "one" / "sft", b"weights")
+    first = Experiment("t", tmp_path / "work-1", results)
+    first.stage("world", {"seed": 0}, lambda: {})
+    sft = first.evaluate("sft", "test", {"model": str(model), "k": 3}, run("first", [1, 0, 1]))
+    assert sft["eval_key"]["settings"]["model"] == "sha256:" + content_hash(model)
+    assert sft["eval_key"]["data"] == {"world": {"seed": 0}}
+    first.write({"evaluations": {"test": {"sft": sft}}}, "# t\n")
+    assert json.loads((results / "results.json").read_text())["evaluations"]["test"]["sft"]["eval_key"]
+
+    # a fresh work directory, the same weights elsewhere (another checkout): read back, not computed
+    copy = _model(tmp_path / "two" / "model", b"weights")
+    second = Experiment("t", tmp_path / "work-2", results)
+    second.stage("world", {"seed": 0}, lambda: {})
+    again = second.evaluate("sft", "test", {"model": str(copy), "k": 3}, run("second", [0, 0, 0]))
+    assert calls == ["first"] and again["per_example"]["em"] == [1, 0, 1] and again["from_committed"]
+    assert second.evaluate("sft", "test", {"model": str(copy), "k": 3}, run("third", [0, 0, 0]))  # work cache now
+    assert calls == ["first"]
+    # other weights, another setting or another world: computed
+    other = _model(tmp_path / "three" / "model", b"other weights")
+    second.evaluate("sft", "test", {"model": str(other), "k": 3}, run("weights", [0, 0, 0]))
+    second.evaluate("sft", "test", {"model": str(copy), "k": 5}, run("setting", [0, 0, 0]))
+    third = Experiment("t", tmp_path / "work-3", results)
+    third.stage("world", {"seed": 1}, lambda: {})
+    third.evaluate("sft", "test", {"model": str(copy), "k": 3}, run("world", [0, 0, 0]))
+    assert calls == ["first", "weights", "setting", "world"]
+
+
+def test_content_hash_is_cached_by_size_and_mtime_and_follows_the_bytes(tmp_path: Path) -> None:
+    model = _model(tmp_path / "m", b"abc")
+    value = content_hash(model)
+    assert json.loads((model / ".sleuth-sha256.json").read_text())["sha256"] == value
+    assert content_hash(model) == value and content_hash(_model(tmp_path / "n", b"abc")) == value
+    (model / "model.safetensors").write_bytes(b"abcd")
+    assert content_hash(model) != value
+    (model / "training_args.bin").write_bytes(b"names the output directory")
+    assert content_hash(model) == content_hash(_model(tmp_path / "o", b"abcd"))
+
+
+def test_artifacts_are_committed_with_their_hash_and_a_mismatch_is_refused(tmp_path: Path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora")
+    results = tmp_path / "results"
+    assert load_artifact(results, "warmup") is None
+    value = save_artifact(results, "warmup", adapter)
+    assert value == content_hash(adapter)
+    loaded = load_artifact(results, "warmup", value)
+    assert loaded == results / "artifacts" / "warmup" and (loaded / "adapter_model.safetensors").exists()
+    with pytest.raises(ValueError, match="mismatch"):
+        load_artifact(results, "warmup", "0" * 64)  # another setting's adapter
+    (loaded / "adapter_model.safetensors").write_bytes(b"edited")
+    with pytest.raises(ValueError, match="mismatch"):
+        load_artifact(results, "warmup")
+    with pytest.raises(ValueError, match="over the"):
+        save_artifact(results, "big", adapter, max_bytes=3)
+
+
+def test_claims_carry_exact_tests_and_holm_and_replace_their_table(tmp_path: Path) -> None:
+    results = {
+        "evaluations": {
+            "test": {
+                "base": {"per_example": {"em": [0] * 100, "f1": [0.0] * 100}},
+                "sft": {"per_example": {"em": [1] * 47 + [0] * 53, "f1": [0.5] * 100}},
+                "rl": {"per_example": {"em": [1] * 51 + [0] * 49, "f1": [0.5] * 100}},
+            }
+        }
+    }
+    specs = [
+        {"name": "SFT > base", "metric": "em", "before": "base", "after": "sft"},
+        {"name": "RL > SFT", "metric": "em", "before": "sft", "after": "rl"},
+        {"name": "RL > SFT F1", "metric": "f1", "before": "sft", "after": "rl"},
+        {"name": "not run", "metric": "em", "before": "sft", "after": "missing"},
+    ]
+    found = claims(results, specs)
+    assert [c["name"] for c in found] == ["SFT > base", "RL > SFT", "RL > SFT F1"]
+    sft, rl, f1 = found
+    assert (sft["better"], sft["worse"], sft["n"], sft["p_exact"], sft["shown"]) == (47, 0, 100, 2.0**-47, True)
+    assert (rl["better"], rl["worse"], rl["p_exact"], rl["shown"]) == (4, 0, 0.0625, False)
+    assert rl["p_holm"] == pytest.approx(0.125) and sft["p_holm"] == pytest.approx(3 * 2.0**-47)
+    assert f1["p_exact"] == 1.0 and f1["test"] == "sign-flip" and not f1["shown_holm"]
+    markdown = with_claims_table("# report\n", found)
+    assert "| SFT > base (sft vs base) | em | 100 | 47 / 0 |" in markdown
+    assert with_claims_table(markdown, found[:1]).count("## Claims") == 1
+    assert "RL > SFT" not in with_claims_table(markdown, found[:1])
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results", claims=specs)
+    exp.write(results, "# report\n")
+    written = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert [c["name"] for c in written["claims"]] == ["SFT > base", "RL > SFT", "RL > SFT F1"]
+    assert "## Claims" in (tmp_path / "results" / "results.md").read_text()
+
+
+def test_test_evaluations_of_a_group_wait_for_its_recorded_dev_choice(tmp_path: Path) -> None:
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+
+    def ev(values: list[float]):
+        return lambda: {"per_example": {"em": values}}
+
+    dev_a = exp.evaluate("rl-a", "dev", {"m": "a"}, ev([0, 1, 1, 0]), group="rl")
+    dev_b = exp.evaluate("rl-b", "dev", {"m": "b"}, ev([1, 1, 1, 0]), group="rl")
+    with pytest.raises(SystemExit, match="dev choice"):
+        exp.evaluate("rl-a", "test", {"m": "a"}, ev([1, 0]), group="rl")
+    exp.record_trial({"lr": 1}, {"rl": dev_a}, "em", group="rl")
+    trials = exp.record_trial({"lr": 2}, {"rl": dev_b}, "em", group="rl")
+    with pytest.raises(SystemExit, match="no trial"):
+        exp.choose("other", "rl")
+    choice = exp.choose("rl", "rl")
+    assert choice["id"] == key_hash({"lr": 2}) and choice["among"] == [key_hash({"lr": 1}), key_hash({"lr": 2})]
+    assert choice["at"] and exp.choose("rl", "rl") == choice  # recorded once
+    entries = json.loads((tmp_path / "results" / "trials.json").read_text())
+    assert [e.get("choice") for e in entries] == [None, None, "rl"]
+    # every tried setting is evaluated on test once the choice is recorded, the chosen one marked in the report
+    assert exp.evaluate("rl-a", "test", {"m": "a"}, ev([1, 0]), group="rl")["group"] == "rl"
+    table = "\n".join(trials_table([*trials, choice]))
+    assert "chosen" in table and table.count("| " + key_hash({"lr": 2}) + " (chosen") == 1
+    assert exp.choose("rl", "rl", higher_is_better=False)["id"] == key_hash({"lr": 1})
