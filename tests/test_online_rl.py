@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -797,3 +798,93 @@ def test_gradient_checkpointing_recomputes_activations_without_changing_the_upda
     for plain, recomputed in zip(runs[False], runs[True], strict=True):
         assert all(torch.allclose(plain[k], recomputed[k], atol=1e-6) for k in plain)
     assert any(not torch.equal(runs[True][0][k], v) for k, v in _params(tiny_model_dir).items())
+
+
+class _OneParameterPolicy:
+    """Stands in for ``_Models`` in ``_update``: every position's logits are ``[theta, 0]``, so the log-prob of
+    token 0 is ``theta - log(e^theta + 1)``, whose derivative at theta = 0 is 1/2."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.theta = torch.zeros((), requires_grad=True)
+        self.optimizer = torch.optim.SGD([self.theta], lr=1.0)
+        self.critic = None
+        self.critic_optimizer = None
+        self.device = torch.device("cpu")
+        self.tokenizer = type("Tokenizer", (), {"pad_token_id": 0})()
+        self.loss_scale = 1
+        self.sharded = self.replicated = False
+
+    def critic_parameters(self) -> list[Any]:
+        return []
+
+    def no_sync(self, accumulate: bool, policy: bool = True) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def forward(self, ids: Any, attention: Any, values: bool = False) -> tuple[Any, Any]:
+        import torch
+
+        logits = torch.stack([self.theta.expand(ids.shape), torch.zeros(ids.shape)], dim=-1)
+        return logits, None
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("mini_batch_mean", 0.125), ("micro_batch_mean", 0.25)])
+def test_micro_batch_aggregation_sets_the_gradient_scale_of_unequal_micro_batches(mode: str, expected: float) -> None:
+    """Two micro-batches, of 1 and 3 model tokens, with advantages 1 and 0 (GRPO, ratio 1, no KL): each token's
+    loss has gradient -A * 1/2. One token mean over the mini-batch gives the first micro-batch 1/4 of the weight
+    (gradient -1/8); the mean of the two micro-batch means gives it 1/2 (gradient -1/4). SGD at lr 1 moves theta
+    by minus the gradient."""
+    import torch
+
+    models = _OneParameterPolicy()
+    episodes = [
+        Episode(group="g", messages=None, reward=1.0, components={}, input_ids=[0, 0], mask=[0, 1]),
+        Episode(group="g", messages=None, reward=0.0, components={}, input_ids=[0, 0, 0, 0], mask=[0, 1, 1, 1]),
+    ]
+    logp = -math.log(2.0)
+    stats = [
+        {
+            "old": torch.full((n,), logp),
+            "ref": torch.full((n,), logp),
+            "mask": torch.ones(n),
+            "adv": torch.full((n,), a),
+        }
+        for n, a in ((1, 1.0), (3, 0.0))
+    ]
+    config = RLConfig(micro_batch=1, max_grad_norm=1e9, micro_batch_aggregation=mode)  # type: ignore[arg-type]
+    online_rl._update(models, episodes, stats, config, online_rl.DataParallel())  # type: ignore[arg-type]
+    assert float(models.theta.detach()) == pytest.approx(expected)
+
+
+def test_the_value_head_starts_as_verl_s_and_adamw_decays_as_configured(tiny_model_dir: Path) -> None:
+    """veRL's critic is AutoModelForTokenClassification: its score head has weight ~ N(0, initializer_range) and
+    bias 0; s3's AdamW (actor and critic) has veRL's weight decay 0.01, ARENA's the HF Trainer's 0."""
+    import torch
+    from transformers import AutoConfig
+
+    from sleuth.train.arena_rl import ArenaRLConfig
+    from sleuth.train.s3_rl import S3RLConfig
+
+    std = AutoConfig.from_pretrained(tiny_model_dir).initializer_range
+    s3 = S3RLConfig(model=str(tiny_model_dir))
+    assert (s3.weight_decay, s3.value_head_init, s3.micro_batch_aggregation) == (0.01, "normal", "micro_batch_mean")
+    arena = ArenaRLConfig()
+    assert (arena.weight_decay, arena.micro_batch_aggregation) == (0.0, "micro_batch_mean")
+    assert RLConfig().micro_batch_aggregation == "mini_batch_mean"
+    torch.manual_seed(0)
+    models = online_rl._Models(s3, tiny_model_dir, None, torch.device("cpu"))
+    head = models.critic["head"]  # type: ignore[index]
+    assert float(head.bias.detach().abs().sum()) == 0.0
+    weight = head.weight.detach().flatten()
+    assert weight.numel() >= 32 and 0.6 * std < float(weight.std()) < 1.4 * std and abs(float(weight.mean())) < std
+    assert [g["weight_decay"] for g in models.optimizer.param_groups] == [0.01]
+    assert [g["weight_decay"] for g in models.critic_optimizer.param_groups] == [0.01]  # type: ignore[union-attr]
+    zeros = dataclasses.replace(s3, value_head_init="zeros", weight_decay=0.0, critic="shared_head")
+    models = online_rl._Models(zeros, tiny_model_dir, None, torch.device("cpu"))
+    assert float(models.value_head.weight.detach().abs().sum()) == 0.0  # type: ignore[union-attr]
+    assert [g["weight_decay"] for g in models.optimizer.param_groups] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="value_head_init"):
+        dataclasses.replace(s3, value_head_init="xavier").validate()  # type: ignore[arg-type]

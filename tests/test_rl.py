@@ -9,6 +9,7 @@ import torch
 
 from sleuth.train.rl import (
     aggregate_loss,
+    aggregate_micro_batches,
     entropy_from_logits,
     gae_advantages,
     grpo_advantages,
@@ -19,6 +20,7 @@ from sleuth.train.rl import (
     masked_sum,
     masked_var,
     masked_whiten,
+    micro_batch_weights,
     ppo_policy_loss,
     token_logprobs,
     value_loss,
@@ -105,6 +107,21 @@ def test_aggregate_loss_modes_and_empty_rows() -> None:
     close(aggregate_loss(loss, mask, "seq-mean-token-sum"), (6 + 12) / 2)
     with pytest.raises(ValueError, match="aggregation"):
         aggregate_loss(loss, mask, "sum")  # type: ignore[arg-type]
+
+
+def test_micro_batch_weights_share_or_mean_by_hand() -> None:
+    # two micro-batches of 2 and 6 tokens whose token means are 1.0 and 3.0
+    sizes, losses = t(2.0, 6.0), t(1.0, 3.0)
+    close(micro_batch_weights(sizes, "mini_batch_mean"), [0.25, 0.75])
+    close(micro_batch_weights(sizes, "micro_batch_mean"), [0.5, 0.5])
+    # one token mean over the 8 tokens: (2 * 1 + 6 * 3) / 8; the mean of the two means: (1 + 3) / 2
+    close(aggregate_micro_batches(losses, sizes, "mini_batch_mean"), 2.5)
+    close(aggregate_micro_batches(losses, sizes, "micro_batch_mean"), 2.0)
+    # one process's micro-batch of 2 tokens, when all processes hold 10 tokens in 4 micro-batches
+    close(micro_batch_weights(t(2.0), "mini_batch_mean", total_size=10.0, count=4), [0.2])
+    close(micro_batch_weights(t(2.0), "micro_batch_mean", total_size=10.0, count=4), [0.25])
+    with pytest.raises(ValueError, match="micro-batch aggregation"):
+        micro_batch_weights(sizes, "token-mean")  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------------- GAE

@@ -54,6 +54,8 @@ class ArenaRLConfig(RLConfig):
     kl: str = "arena"
     adv_eps: float = 1e-4
     loss_aggregation: str = "token-mean"
+    # TRL's gradient accumulation (4 per device x 64 steps): the mean of the micro-batches' token means
+    micro_batch_aggregation: Literal["mini_batch_mean", "micro_batch_mean"] = "micro_batch_mean"
     temperature: float = 0.9
     top_p: float = 1.0
     seed: int = 42

@@ -225,6 +225,16 @@ class RLConfig:
     lam: float = 1.0
     adv_eps: float = 1e-6
     loss_aggregation: str = "token-mean"
+    # how micro-batch losses make one optimizer step's loss (sleuth.train.rl.micro_batch_weights): "mini_batch_mean"
+    # (each weighted by its share of the mini-batch's tokens: one mean over the mini-batch, micro_batch is memory
+    # only) or "micro_batch_mean" (the mean of the micro-batches' means: TRL's and veRL's gradient accumulation, the
+    # references of ARENA and s3, whose configs set it)
+    micro_batch_aggregation: Literal["mini_batch_mean", "micro_batch_mean"] = "mini_batch_mean"
+    # AdamW weight decay of the policy and the critic (HF Trainer's default 0, ARENA; veRL's 0.01, s3)
+    weight_decay: float = 0.0
+    # PPO value head: "normal" (veRL's critic, AutoModelForTokenClassification: weight ~ N(0, the model's
+    # initializer_range), bias 0) or "zeros" (every first value 0)
+    value_head_init: Literal["normal", "zeros"] = "normal"
     temperature: float = 1.0
     top_p: float = 1.0
     # tokens per training episode; a longer one has its observations (retrieved/given documents) cut, never the
@@ -263,6 +273,15 @@ class RLConfig:
             raise ValueError(f"kl={self.kl!r}; expected k1, k2, k3, arena or abs")
         if self.critic not in ("separate", "shared_head"):
             raise ValueError(f"critic={self.critic!r}; expected 'separate' or 'shared_head'")
+        if self.micro_batch_aggregation not in ("mini_batch_mean", "micro_batch_mean"):
+            raise ValueError(
+                f"micro_batch_aggregation={self.micro_batch_aggregation!r}; expected 'mini_batch_mean' or "
+                "'micro_batch_mean'"
+            )
+        if self.value_head_init not in ("normal", "zeros"):
+            raise ValueError(f"value_head_init={self.value_head_init!r}; expected 'normal' or 'zeros'")
+        if self.weight_decay < 0:
+            raise ValueError("weight_decay must be >= 0")
         for name in ("warmup_steps", "critic_warmup_steps", "critic_lr_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -328,8 +347,9 @@ class _Models:
     ``critic: separate``: ``self.critic`` is a plain module ``{"backbone", "head"}``: the base model's transformer
     (no LM head; LoRA-wrapped when ``critic_lora``) and a linear value head on its last hidden state, optimised by
     ``self.critic_optimizer``; it shares no parameter with the policy. ``critic: shared_head``: ``self.value_head``
-    on the policy's last hidden state, a second parameter group of the policy's optimizer. Value heads start at zero
-    (every first value is 0) and run in float32."""
+    on the policy's last hidden state, a second parameter group of the policy's optimizer. Value heads run in
+    float32 and start as ``value_head_init`` says (veRL's normal init by default, or zero). Both optimizers are
+    AdamW with ``weight_decay``."""
 
     def __init__(
         self,
@@ -376,7 +396,7 @@ class _Models:
         self.critic_optimizer = None
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad], "lr": config.learning_rate}]
         if config.algorithm == "ppo" and config.critic == "shared_head":
-            self.value_head = _value_head(hidden, self.device)
+            self.value_head = _value_head(hidden, self.device, _head_std(self.policy.config, config))
             if resume is not None:
                 self.value_head.load_state_dict(torch.load(resume / "value_head.pt", weights_only=True))
             groups.append({"params": list(self.value_head.parameters()), "lr": config.critic_learning_rate})
@@ -409,11 +429,13 @@ class _Models:
                 self.trained_values = _replicate(self.trained_values, device, torch.distributed.new_group())
         if self.critic is not None:
             params = [p for p in self.critic.parameters() if p.requires_grad]
-            self.critic_optimizer = torch.optim.AdamW(params, lr=config.critic_learning_rate, weight_decay=0.0)
+            self.critic_optimizer = torch.optim.AdamW(
+                params, lr=config.critic_learning_rate, weight_decay=config.weight_decay
+            )
             if resume is not None and not sharded:
                 state = torch.load(resume / "critic_optimizer.pt", weights_only=True)
                 self.critic_optimizer.load_state_dict(state)
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
         if resume is not None and sharded:
             self._load_sharded(resume / "sharded")
         elif resume is not None:
@@ -698,11 +720,23 @@ def _with_lora(model: Any, config: RLConfig, saved: Path | None) -> Any:
     return get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=target))
 
 
-def _value_head(hidden: int, device: Any) -> Any:
+def _head_std(model_config: Any, config: RLConfig) -> float | None:
+    """The value head's init std: the model's ``initializer_range`` (0.02 when it has none), as transformers
+    initialises veRL's ``AutoModelForTokenClassification`` score head; None for ``value_head_init: zeros``."""
+    if config.value_head_init == "zeros":
+        return None
+    return float(getattr(model_config, "initializer_range", None) or 0.02)
+
+
+def _value_head(hidden: int, device: Any, std: float | None = None) -> Any:
+    """A linear value head in float32: weight ~ N(0, std) and bias 0 (veRL's critic), or all zeros (std None)."""
     import torch
 
     head = torch.nn.Linear(hidden, 1).to(device, torch.float32)
-    torch.nn.init.zeros_(head.weight)
+    if std is None:
+        torch.nn.init.zeros_(head.weight)
+    else:
+        torch.nn.init.normal_(head.weight, mean=0.0, std=std)
     torch.nn.init.zeros_(head.bias)
     return head
 
@@ -722,7 +756,7 @@ def _critic(config: RLConfig, path: Path, saved: Path | None, dtype: Any, device
         backbone = AutoModel.from_pretrained(source, dtype=dtype).to(device)
     finally:
         hf_logging.set_verbosity(verbosity)
-    head = _value_head(backbone.config.hidden_size, device)
+    head = _value_head(backbone.config.hidden_size, device, _head_std(backbone.config, config))
     if lora:
         backbone = _with_lora(backbone, config, saved / "backbone" if saved is not None else None)
     if saved is not None:
@@ -879,10 +913,13 @@ def _update(
     warm-up): only the critic learns; the policy's weights and optimizer state stay as they are.
 
     Every process splits its episodes into exactly ``mini_batches`` parts, so all take the same optimizer steps; a
-    micro-batch's loss is weighted by its share of the global mini-batch (tokens, or sequences for the ``seq-*``
-    aggregations), which makes the summed gradient that of the whole mini-batch. A mini-batch empty on every
-    process is skipped (AdamW would move the weights on a zero gradient). A separate critic's value loss goes
-    through its own backward path (no parameter in common) and its gradients are synced and clipped on their own."""
+    micro-batch's loss is weighted by :func:`sleuth.train.rl.micro_batch_weights`: with ``micro_batch_aggregation:
+    mini_batch_mean`` by its share of the global mini-batch (tokens, or sequences for the ``seq-*`` aggregations),
+    which makes the summed gradient that of the whole mini-batch; with ``micro_batch_mean`` by 1 / the number of
+    micro-batches over all processes (TRL's and veRL's gradient accumulation; the value loss too). A mini-batch
+    empty on every process is skipped (AdamW would move the weights on a zero gradient). A separate critic's value
+    loss goes through its own backward path (no parameter in common) and its gradients are synced and clipped on
+    their own."""
     import torch
 
     from sleuth.train import rl
@@ -901,14 +938,16 @@ def _update(
         random.shuffle(order)
         for m in range(config.mini_batches):
             mini = order[m :: config.mini_batches]
-            tokens, sequences = dist.sum([sum(float(stats[i]["mask"].sum()) for i in mini), float(len(mini))])
+            micros = _chunks(mini, config.micro_batch)
+            tokens, sequences, n_micros = dist.sum(
+                [sum(float(stats[i]["mask"].sum()) for i in mini), float(len(mini)), float(len(micros))]
+            )
             if sequences == 0:
                 continue
             tokens = tokens or 1.0
             models.optimizer.zero_grad(set_to_none=True)
             if models.critic_optimizer is not None:
                 models.critic_optimizer.zero_grad(set_to_none=True)
-            micros = _chunks(mini, config.micro_batch)
             idle = _passes(models, dist, len(micros), backward=True)
             passes = idle + len(micros)  # replicated: all but the last accumulate locally, the last syncs
             for k in range(idle):
@@ -921,9 +960,15 @@ def _update(
                     ids, attention, _ = _pad(chunk, models.tokenizer.pad_token_id, models.device)
                     width = ids.shape[1] - 1
                     mask = _pad_rows(rows, "mask", width, models.device)
-                    token_share = float(mask.sum()) / tokens
-                    # each micro-batch's loss is a mean over its tokens (or sequences): weight it by its share
-                    share = len(micro) / sequences if config.loss_aggregation.startswith("seq") else token_share
+                    # each micro-batch's loss is a mean over its tokens (or sequences): weight it by its share of the
+                    # mini-batch, or 1 / the micro-batch count (micro_batch_aggregation)
+                    by_rows = config.loss_aggregation.startswith("seq")
+                    size, total = (float(len(micro)), sequences) if by_rows else (float(mask.sum()), tokens)
+                    mode = config.micro_batch_aggregation
+                    share = float(rl.micro_batch_weights(torch.tensor([size]), mode, total, n_micros)[0])
+                    token_share = float(
+                        rl.micro_batch_weights(torch.tensor([float(mask.sum())]), mode, tokens, n_micros)[0]
+                    )
                     loss = torch.zeros((), device=models.device)
                     values = None
                     if actor or not separate:

@@ -34,7 +34,9 @@ import torch
 __all__ = [
     "Aggregation",
     "KLKind",
+    "MicroBatchAggregation",
     "aggregate_loss",
+    "aggregate_micro_batches",
     "entropy_from_logits",
     "gae_advantages",
     "grpo_advantages",
@@ -45,6 +47,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "micro_batch_weights",
     "ppo_policy_loss",
     "token_logprobs",
     "value_loss",
@@ -52,9 +55,11 @@ __all__ = [
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLKind = Literal["k1", "k2", "k3", "arena", "abs"]
+MicroBatchAggregation = Literal["mini_batch_mean", "micro_batch_mean"]
 
 _AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 _KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "arena", "abs")
+MICRO_BATCH_AGGREGATIONS: tuple[str, ...] = ("mini_batch_mean", "micro_batch_mean")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -138,6 +143,41 @@ def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, aggregation: Aggregat
     _, m = _masked(loss, mask)
     has_tokens = (m != 0).any(dim=-1)
     return masked_mean(per_row, has_tokens)
+
+
+def micro_batch_weights(
+    sizes: torch.Tensor,
+    mode: MicroBatchAggregation = "mini_batch_mean",
+    total_size: float | None = None,
+    count: float | None = None,
+) -> torch.Tensor:
+    """The weight of each micro-batch's loss (itself a mean over its tokens or sequences, :func:`aggregate_loss`)
+    in one optimizer step's loss, from ``sizes``, each micro-batch's number of tokens (or sequences).
+
+    - ``mini_batch_mean``: ``size / total_size``, the micro-batch's share: the summed loss is the one mean over the
+      whole mini-batch, so the micro-batch size changes memory only;
+    - ``micro_batch_mean``: ``1 / count``, every micro-batch the same: the mean of the per-micro-batch means, as
+      gradient accumulation does in TRL (ARENA's trainer) and veRL's ``dp_actor`` / ``dp_critic`` (s3: the loss
+      divided by ``gradient_accumulation``); a short micro-batch's tokens weigh more than a long one's.
+
+    ``total_size`` and ``count`` default to ``sizes.sum()`` and ``len(sizes)``; pass the totals over every process
+    when ``sizes`` are one process's micro-batches."""
+    if mode not in MICRO_BATCH_AGGREGATIONS:
+        raise ValueError(f"unknown micro-batch aggregation {mode!r}; expected one of {MICRO_BATCH_AGGREGATIONS}")
+    sizes = sizes.to(torch.float64)
+    if mode == "micro_batch_mean":
+        n = float(sizes.numel()) if count is None else float(count)
+        return torch.full_like(sizes, 1.0 / max(n, 1.0))
+    total = float(sizes.sum()) if total_size is None else float(total_size)
+    return sizes / max(total, 1e-12)
+
+
+def aggregate_micro_batches(
+    losses: torch.Tensor, sizes: torch.Tensor, mode: MicroBatchAggregation = "mini_batch_mean"
+) -> torch.Tensor:
+    """One optimizer step's loss from its micro-batches' mean ``losses`` and ``sizes`` (tokens or sequences), as
+    weighted by :func:`micro_batch_weights` (veRL's ``agg_loss`` at the level of micro-batches)."""
+    return (losses * micro_batch_weights(sizes, mode).to(losses.dtype)).sum()
 
 
 # ----------------------------------------------------------------------------------------------------------------

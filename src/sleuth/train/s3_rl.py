@@ -89,6 +89,9 @@ class S3RLConfig(RLConfig):
     kl: str = "k1"
     entropy_coef: float = 0.001
     value_clip: float = 0.5
+    # veRL (dp_actor / dp_critic): each micro-batch's token mean divided by the accumulation steps
+    micro_batch_aggregation: Literal["mini_batch_mean", "micro_batch_mean"] = "micro_batch_mean"
+    weight_decay: float = 0.01  # veRL's AdamW default (optim.weight_decay 1e-2), actor and critic
     temperature: float = 0.6
     top_p: float = 0.95
     seed: int = 42
