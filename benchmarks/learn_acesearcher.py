@@ -67,6 +67,12 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 from sleuth.train.rollouts import model_revision  # noqa: E402
 
 RESULTS = REPO / "docs" / "results" / "learn_acesearcher"
+# The claims this benchmark is run to test, on the test split: harness.claims gives each the one-sided exact test
+# (results.json "claims", results.md "Claims"; benchmarks/recompute_claims.py redoes them from committed results)
+CLAIMS = [
+    {"name": "SFT > base", "metric": "em", "before": "base", "after": "sft"},
+    {"name": "mDPO-2 > SFT", "metric": "em", "before": "sft", "after": "mdpo-2"},
+]
 # --full, for a GPU: 10x the SFT and RFT data, the paper's k = 10 and N = 15
 FULL = {
     "sft_decompose_questions": 2000,
@@ -391,7 +397,9 @@ def _num(value: Any) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny random model, a few questions, 1-2 steps")
-    parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-acesearcher)")
+    parser.add_argument(
+        "--work", type=Path, default=None, help="work dir (default $SLEUTH_HOME/runs/learn-acesearcher)"
+    )
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--test-questions", type=int, default=150, help="held-out test questions (>= 100)")
@@ -447,7 +455,7 @@ def main() -> None:
     print(f"engine: {args.engine}", flush=True)
     s = settings(args)
     work, results = run_dirs("learn_acesearcher", args, RESULTS)
-    exp = Experiment("learn_acesearcher", work, results, args.seed)
+    exp = Experiment("learn_acesearcher", work, results, args.seed, claims=CLAIMS)
 
     world = work / "world"
 

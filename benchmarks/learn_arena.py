@@ -83,6 +83,13 @@ TRAIN = ["hotpotqa/hotpotqa_train.json", "2wikimultihopqa/wikihop_train_preproce
 DEV = ["hotpotqa/hotpot.json", "2wikimultihopqa/wikihop.json", "musique/musique.json"]
 DEV_OFFSET = 100  # per dev file: the test slice is below, the dev slice from here on
 METRICS = ("em", "f1", "citation_precision", "citation_recall", "format_ok")
+# The claims this benchmark is run to test, on the test split: harness.claims gives each the one-sided exact test
+# (results.json "claims", results.md "Claims"; benchmarks/recompute_claims.py redoes them from committed results)
+CLAIMS = [
+    {"name": "GRPO > warm start", "metric": "em", "before": "warm start", "after": "GRPO"},
+    {"name": "GRPO > warm start", "metric": "citation_recall", "before": "warm start", "after": "GRPO"},
+    {"name": "GRPO > warm start", "metric": "format_ok", "before": "warm start", "after": "GRPO"},
+]
 # --full, for a GPU: every dev-file question the two slices can hold (300 each), the train files as far as the warm
 # start leaves them (hotpotqa_train and musique_train have 100 questions), all 10 given paragraphs of HotpotQA and
 # 2Wiki, the paper's G = 7, and 30 steps x 16 questions x 7 = 3,360 episodes (21x the CPU run's 160)
@@ -230,7 +237,7 @@ def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-arena)")
+    parser.add_argument("--work", type=Path, default=None, help="work dir (default $SLEUTH_HOME/runs/learn-arena)")
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--test-questions", type=int, default=34, help="held-out questions per dev file (reported)")
     parser.add_argument("--dev-questions", type=int, default=34, help="per dev file, from its 101st question")
@@ -279,7 +286,7 @@ def main() -> None:
 
     s = settings(args)
     work, results = run_dirs("learn_arena", args, RESULTS)
-    exp = Experiment("learn_arena", work, results, args.seed)
+    exp = Experiment("learn_arena", work, results, args.seed, claims=CLAIMS)
     base = base_model(args.smoke, exp.work)
     agent = ArenaConfig(
         sampling=Sampling(max_new_tokens=s["agent"]["max_new_tokens"]), max_references=s["agent"]["max_references"]

@@ -70,6 +70,13 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 RESULTS = REPO / "docs" / "results" / "learn_exsearch"
 FIREACT = REPO.parent / "shared" / "data" / "fireact" / "hotpotqa_react_trajectories.jsonl"
 METRICS = ("em", "f1")
+# The claims this benchmark is run to test, on the test split: harness.claims gives each the one-sided exact test
+# (results.json "claims", results.md "Claims"; benchmarks/recompute_claims.py redoes them from committed results)
+CLAIMS = [
+    {"name": "warm-up > base", "metric": "em", "before": "base", "after": "warm-up"},
+    {"name": "EM-2 > warm-up", "metric": "em", "before": "warm-up", "after": "em-1"},
+    {"name": "EM-2 > uniform-2", "metric": "em", "before": "uniform-1", "after": "em-1"},
+]
 # --full, for a GPU: 1,000 E-step questions x K = 4 trajectories (best-of-8 each) per iteration, three iterations
 # (4,000 trajectories an iteration, 42x the CPU run's 96; the paper samples 10^4-10^5), a warm-up on 200 gold and
 # 100 FireAct trajectories, 200 test and 200 dev questions
@@ -248,7 +255,7 @@ def weight_table(arms: dict[str, dict[str, Any]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny random model, a few questions, 1 step")
-    parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-exsearch)")
+    parser.add_argument("--work", type=Path, default=None, help="work dir (default $SLEUTH_HOME/runs/learn-exsearch)")
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--test-questions", type=int, default=100, help="held-out questions reported (test split)")
@@ -290,7 +297,7 @@ def main() -> None:
 
     s = settings(args)
     work, results = run_dirs("learn_exsearch", args, RESULTS)
-    exp = Experiment("learn_exsearch", work, results, args.seed)
+    exp = Experiment("learn_exsearch", work, results, args.seed, claims=CLAIMS)
     agent = ExSearchConfig(
         k=s["eval"]["k"],
         max_steps=4,

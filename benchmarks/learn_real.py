@@ -95,6 +95,12 @@ RESULTS = REPO / "docs" / "results" / "learn_real"
 DEV = ["hotpotqa/hotpot.json", "2wikimultihopqa/wikihop.json", "musique/musique.json"]
 DEV_OFFSET = 150  # per dev file: the test slice lies below, the dev slice from here on
 METRICS = ("em", "f1")
+# The claims this benchmark is run to test, on the test split: harness.claims gives each the one-sided exact test
+# (results.json "claims", results.md "Claims"; benchmarks/recompute_claims.py redoes them from committed results)
+CLAIMS = [
+    {"name": "SFT > base", "metric": "em", "before": "base", "after": "sft"},
+    {"name": "SFT > base", "metric": "f1", "before": "base", "after": "sft"},
+]
 BASELINE = "docs/results/acesearcher-smollm2-open-50"
 
 # Records read from the start of each train file, per competency (None: all of them). Sized for ~35 min of SFT on
@@ -310,7 +316,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny random model, 2 questions per file, 2 SFT steps")
     parser.add_argument("--full", action="store_true", help="every train record, 2 epochs, 150 test / 50 dev: a GPU")
-    parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-real)")
+    parser.add_argument("--work", type=Path, default=None, help="work dir (default $SLEUTH_HOME/runs/learn-real)")
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every per-file record limit of the mix")
     parser.add_argument("--sft-lr", type=float, default=1e-4, help="paper: 5e-6 (1.5B, 180K records)")
@@ -332,7 +338,7 @@ def main() -> None:
     print(f"engine: {args.engine}", flush=True)
     s = settings(args)
     work, results = run_dirs("learn_real", args, RESULTS)
-    exp = Experiment("learn_real", work, results, args.seed)
+    exp = Experiment("learn_real", work, results, args.seed, claims=CLAIMS)
     agent = agent_config(s)
     agent_key = dataclasses.asdict(agent)
     sp = s["split"]

@@ -73,6 +73,20 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 )
 
 RESULTS = REPO / "docs" / "results" / "learn_s3"
+# The claims this benchmark is run to test, on the test split: harness.claims gives each the one-sided exact test
+# (results.json "claims", results.md "Claims"; benchmarks/recompute_claims.py redoes them from committed results)
+CLAIMS = [
+    {"name": "after PPO > warm start", "metric": "genacc", "before": "warm start", "after": "ppo"},
+    {"name": "after PPO > base searcher", "metric": "genacc", "before": "base", "after": "ppo"},
+    # Gain Beyond RAG: the same generator's accuracy on naive RAG's passages, recorded with each evaluation
+    {
+        "name": "after PPO > naive RAG",
+        "metric": "genacc",
+        "before": "ppo",
+        "before_metric": "genacc_naive",
+        "after": "ppo",
+    },
+]
 
 
 # --full, for a GPU: the paper's 120 questions a step, 30 steps (3,600 episodes, 37x the CPU run's 96), a world with
@@ -286,7 +300,7 @@ def mean(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--work", type=Path, default=None, help="working directory (default runs/learn-s3)")
+    parser.add_argument("--work", type=Path, default=None, help="work dir (default $SLEUTH_HOME/runs/learn-s3)")
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--test-questions", type=int, default=100, help="held-out questions reported (test split)")
     parser.add_argument("--dev-questions", type=int, default=100, help="questions settings are compared on")
@@ -343,7 +357,7 @@ def main() -> None:
 
     s = settings(args)
     work, results = run_dirs("learn_s3", args, RESULTS)
-    exp = Experiment("learn_s3", work, results, args.seed)
+    exp = Experiment("learn_s3", work, results, args.seed, claims=CLAIMS)
     searcher = base_model(args.smoke, exp.work)
     # frozen: never trained. benchmarks/s3_signal.py measures a candidate's ceiling (gold passages) - naive RAG gap
     generator_model = Path(args.generator) if args.generator else ensure_default_model()

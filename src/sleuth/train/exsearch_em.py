@@ -84,6 +84,7 @@ from sleuth.records import Example, Passage, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.rollouts import Rollout, RolloutStore, collect, model_revision
+from sleuth.train.tracking import Tracker, hf_reporting
 
 __all__ = [
     "WEIGHTINGS",
@@ -718,6 +719,7 @@ def weight_stats(records: Sequence[Record]) -> dict[str, Any]:
             "max": float(w.max()),
             "zero": int((w <= 0).sum()),
             "above_0.5": int((w > 0.5).sum()),
+            "ess": float(w.sum() ** 2 / (w**2).sum()) if (w > 0).any() else 0.0,  # effective sample size
         },
         "searches_per_trajectory": float(searches.mean()),
         "model_chars_per_trajectory": float(lengths.mean()),
@@ -846,6 +848,7 @@ def train_weighted(
     bf16 = (
         config.bf16 if config.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     )
+    report_to, reporting = hf_reporting(config.report_to, out.parent, out.name)  # curves: RUN/tb/{warmup,iterN}
     args = TrainingArguments(
         output_dir=str(out / "trainer"),
         num_train_epochs=epochs if epochs is not None else config.epochs,
@@ -865,7 +868,7 @@ def train_weighted(
         bf16=bf16,
         remove_unused_columns=False,
         dataloader_pin_memory=torch.cuda.is_available(),
-        report_to="none",
+        report_to=report_to,
         disable_tqdm=not config.progress,
         **({"gradient_checkpointing": True} if config.gradient_checkpointing else {}),
     )
@@ -875,7 +878,7 @@ def train_weighted(
         args=args,
         train_dataset=Dataset.from_list(rows),
         data_collator=_collate(tokenizer.pad_token_id),
-        callbacks=list(callbacks),
+        callbacks=[*reporting, *callbacks],
     )
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=last_checkpoint(out / "trainer"))
@@ -1032,6 +1035,7 @@ def _em(
 
     out = Path(config.output_dir)
 
+    tracker = Tracker(config.report_to, out, out.name, to_mapping(config))  # iteration statistics in OUT/tb
     base_dev = dev_eval(policy, out / "dev_base.json", not config.warmup and config.iterations > 0)
     summary: dict[str, Any] = {"base": {"model": str(policy), "dev": base_dev}}
     if config.warmup:
@@ -1123,6 +1127,7 @@ def _em(
         stats["dev"] = dev_eval(model_dir, it / "dev.json", t + 1 < config.iterations)
         _write_json(stats_path, stats)
         history.append(stats)
+        tracker.log(t, stats)  # trajectories/weight/* (ESS), degenerate/*, m_step/*, dev/*, seconds/*
         policy = model_dir
         em = stats["dev"].get("em")
         _log(config, f"iteration {t}: dev EM {em}")
@@ -1150,6 +1155,7 @@ def _em(
         best_dev_em=best["em"],
         final_model=str(policy),
     )
+    tracker.close()
     _write_json(out / "summary.json", summary)
     return summary
 
