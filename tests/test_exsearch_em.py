@@ -315,6 +315,30 @@ def test_weighted_loss_is_the_hand_computed_weighted_nll() -> None:
     assert float(weighted_nll(logits, labels, torch.zeros(2))) == 0.0
 
 
+def test_reference_nll_share_weighs_the_worse_trajectory_more() -> None:
+    """The official trainer's M-step (digest §4.9): w_b = NLL_b / sum NLL over the micro-batch (mean NLL per
+    sequence, detached), loss = sum_b w_b * NLL_b. Two-token vocabulary, logits [0, 0] (p = 1/2) or [ln 3, 0]
+    (p(0) = 3/4, p(1) = 1/4)."""
+    import torch
+
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3), 0.0], [0.0, 0.0]], [[math.log(3), 0.0], [0.0, 0.0], [0.0, 0.0]]])
+    logits.requires_grad_(True)
+    labels = torch.tensor([[-100, 0, 0], [-100, 1, -100]])
+    m0 = (math.log(2) + math.log(4 / 3)) / 2  # example 0: label 0 at p 1/2, then at p 3/4
+    m1 = math.log(4)  # example 1: label 1 at p 1/4 (the worse fit)
+    w0, w1 = m0 / (m0 + m1), m1 / (m0 + m1)
+    assert w1 == pytest.approx(0.7387, abs=1e-4)
+    loss = weighted_nll(logits, labels, torch.tensor([5.0, 0.0]), "mean", "reference_nll_share")  # weights ignored
+    assert float(loss) == pytest.approx(w0 * m0 + w1 * m1, rel=1e-6)
+    # the paper's path with unit weights is the plain mean of the two NLLs
+    assert float(weighted_nll(logits, labels, torch.ones(2), "mean")) == pytest.approx((m0 + m1) / 2, rel=1e-6)
+    # detached weights: the gradient is w_b times example b's NLL gradient (softmax - one-hot: [3/4, -3/4] here)
+    loss.backward()
+    assert logits.grad is not None
+    assert logits.grad[1, 0].tolist() == pytest.approx([0.75 * w1, -0.75 * w1], rel=1e-5)
+    assert normalize_weights([math.log(0.2)], ["a"], "reference_nll_share") == [1.0]  # records keep weight 1
+
+
 def _records(weight: float, n: int = 2) -> list[dict[str, Any]]:
     return [{"id": f"r{i}", "messages": CHAT, "weight": weight} for i in range(n)]
 

@@ -25,7 +25,12 @@ tokens are appended, not read off the trajectory's last positions). ``weighting`
 - ``self_normalized``: ``softmax_k(log w_k)`` over the K trajectories of a question (self-normalised importance
   sampling, the digest's principled alternative);
 - ``em`` / ``f1``: ExSearch-Zoo's goal-oriented weights, the EM / F1 of the trajectory's own answer (App. C.3);
-- ``uniform``: every weight 1, the paper's "w/o w(z)" ablation (naive self-training).
+- ``uniform``: every weight 1, the paper's "w/o w(z)" ablation (naive self-training);
+- ``reference_nll_share``: the official trainer's weights (§4.9), computed in the loss (:func:`weighted_nll`): within
+  each micro-batch (``per_device_batch_size``), ``NLL_b / sum NLL`` of the per-sequence mean NLL over the model
+  tokens, detached, so the worse-fitted trajectory weighs more; its ``robs`` importance ratio is computed there and
+  never used. The NLL is the model's being trained (θ(t) at the M-step's first step), where the reference scores it
+  with θ(t) in the E-step; records keep weight 1.
 
 ``length_normalize`` uses ``exp(mean log p)`` instead of ``exp(sum log p)``.
 
@@ -33,7 +38,7 @@ tokens are appended, not read off the trajectory's last positions). ``weighting`
 for the sampled one)``: sub-queries, records, the end token and the answer carry loss, the prompt, the retrieved
 documents and the finalization instruction are masked (``-100``), see :func:`weighted_nll` and
 :mod:`sleuth.train.tokens`. The official trainer's weighting (NLL / sum NLL within a micro-batch, which favours the
-*worst* trajectories, §4.9) is not reproduced.
+*worst* trajectories, §4.9) is the named option ``weighting: reference_nll_share``.
 
 Sampling and evaluation run on ``engine`` (``hf``, ``vllm`` or a ``vllm:{model}?...`` template, as in
 :mod:`sleuth.train.mdpo`: a vLLM server sleuth starts on θ(t), kept from θ(t)'s dev evaluation, stopped before the
@@ -105,7 +110,7 @@ __all__ = [
 ]
 
 METHOD = "exsearch"
-WEIGHTINGS = ("likelihood", "self_normalized", "em", "f1", "uniform")
+WEIGHTINGS = ("likelihood", "self_normalized", "em", "f1", "uniform", "reference_nll_share")
 Record = dict[str, Any]
 
 
@@ -151,7 +156,9 @@ class EMConfig:
     # vLLM best_of in the code (every model call of a rollout keeps the most likely of best_of samples); 1 = plain
     # sampling. Applied only when the backend can score() chat prompts, else recorded as not applied (BestOfLLM).
     best_of: int = 8
-    weighting: Literal["likelihood", "self_normalized", "em", "f1", "uniform"] = "likelihood"
+    # w(z) (module doc): the paper's p(y | x, z) by default; "reference_nll_share": the official trainer's NLL_b / sum
+    # NLL per micro-batch, computed in the M-step's loss
+    weighting: Literal["likelihood", "self_normalized", "em", "f1", "uniform", "reference_nll_share"] = "likelihood"
     length_normalize: bool = False
     # M-step [paper Table 6: lr 2e-6, cosine, warm-up 10%, batch 4 x 16, cutoff 8192]
     token_reduction: Literal["mean", "sum"] = "mean"  # per-trajectory NLL: mean over its model tokens, or the sum
@@ -618,7 +625,7 @@ def normalize_weights(
     if weighting not in WEIGHTINGS:
         raise ValueError(f"unknown weighting {weighting!r}")
     n = len(log_p)
-    if weighting == "uniform":
+    if weighting in ("uniform", "reference_nll_share"):  # the latter is weighted in the loss (weighted_nll)
         return [1.0] * n
     if weighting in ("em", "f1"):
         if metrics is None or len(metrics) != n:
@@ -733,11 +740,17 @@ def weight_stats(records: Sequence[Record]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def weighted_nll(logits: Any, labels: Any, weights: Any, reduction: str = "mean") -> Any:
+def weighted_nll(
+    logits: Any, labels: Any, weights: Any, reduction: str = "mean", weighting: str = "likelihood"
+) -> Any:
     """The M-step loss (paper Eq. 6-7): ``(1/B) sum_b w_b * l_b`` with ``l_b`` the NLL of example b's labelled
     tokens (``labels != -100``; ``logits[:, t]`` predicts ``labels[:, t + 1]``, the causal shift is done here),
     summed over its tokens (``reduction="sum"``, the paper's ``log p(z | x) + log p(y | x, z)``) or averaged
-    (``"mean"``, the official trainer's per-sample CE). An example without labelled tokens contributes 0."""
+    (``"mean"``, the official trainer's per-sample CE). An example without labelled tokens contributes 0.
+
+    ``weighting="reference_nll_share"`` ignores ``weights`` and returns the official trainer's ``sum_b w_b * l_b``
+    with ``w_b = m_b / sum_c m_c``, ``m_b`` example b's mean NLL over its labelled tokens, detached (no 1/B: the
+    weights sum to 1 over the micro-batch)."""
     import torch
     import torch.nn.functional as F
 
@@ -755,6 +768,10 @@ def weighted_nll(logits: Any, labels: Any, weights: Any, reduction: str = "mean"
         per_example = per_example / mask.sum(dim=1).clamp(min=1)
     elif reduction != "sum":
         raise ValueError(f"reduction={reduction!r}; expected 'mean' or 'sum'")
+    if weighting == "reference_nll_share":
+        mean_nll = (token_nll.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).detach()
+        share = mean_nll / mean_nll.sum().clamp(min=torch.finfo(mean_nll.dtype).tiny)
+        return (share * per_example).sum()
     weights = torch.as_tensor(weights, dtype=per_example.dtype, device=per_example.device)
     return (weights * per_example).sum() / max(per_example.shape[0], 1)
 
@@ -778,7 +795,7 @@ def _collate(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
     return collate
 
 
-def _trainer_class(reduction: str) -> Any:
+def _trainer_class(reduction: str, weighting: str = "likelihood") -> Any:
     from transformers import Trainer
 
     class WeightedTrainer(Trainer):
@@ -788,7 +805,7 @@ def _trainer_class(reduction: str) -> Any:
             weights = inputs.pop("weights")
             labels = inputs.pop("labels")
             outputs = model(**inputs)
-            loss = weighted_nll(outputs.logits, labels, weights, reduction)
+            loss = weighted_nll(outputs.logits, labels, weights, reduction, weighting)
             return (loss, outputs) if return_outputs else loss
 
     return WeightedTrainer
@@ -873,7 +890,7 @@ def train_weighted(
         **({"gradient_checkpointing": True} if config.gradient_checkpointing else {}),
     )
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32 if not bf16 else torch.bfloat16)
-    trainer = _trainer_class(config.token_reduction)(
+    trainer = _trainer_class(config.token_reduction, config.weighting)(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(rows),
