@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sleuth.agents.base import parse_options
 from sleuth.train.config import ConfigError, load_config
 from sleuth.train.online_rl import RLConfig, train_online
 from sleuth.train.tracking import Tracker, check_report_to, hf_reporting
@@ -37,6 +38,9 @@ def test_report_to_spellings() -> None:
     assert check_report_to("none") == check_report_to([]) == check_report_to(None) == []
     assert check_report_to("tensorboard, TensorBoard") == ["tensorboard"]
     assert check_report_to(["none"]) == []
+    for option, names in (("none", []), ("tensorboard", ["tensorboard"]), ("tensorboard,none", ["tensorboard"])):
+        config = load_config(RLConfig, None, parse_options([f"report_to={option}"]))  # --set report_to=...
+        assert check_report_to(config.report_to) == names
 
 
 def test_an_unknown_backend_is_a_config_error(tmp_path: Path) -> None:
