@@ -26,6 +26,7 @@ from sleuth.train.mdpo import (
     load_pairs,
     reference_gate,
     sample_rollouts,
+    subanswer_agreement,
     train_dpo,
     train_mdpo,
     trajectory_reward,
@@ -230,6 +231,36 @@ def test_reference_pair_rule_applies_the_released_gates_and_agreement() -> None:
 
     paper, stats = build_pairs(rollouts, MDPOConfig(reward="code"))  # the same runs under the paper's rule
     assert stats["pair_rule"] == "paper" and stats["pairs"] == {"decompose": 3, "subq": 4, "final": 6, "total": 13}
+
+
+@pytest.mark.parametrize(
+    ("winner", "loser", "reference", "normalised"),
+    [
+        ("Paris", "Paris.", 0.0, 1.0),  # the reference compares lower().strip(): the full stop differs
+        ("The Beatles", "Beatles", 0.0, 1.0),  # the normaliser drops articles
+        ("U.S.", "US", 0.0, 1.0),  # ... and punctuation
+        ("3", "three", 1.0, 0.0),  # the reference maps "0".."10" to words on both sides
+    ],
+)
+def test_sub_answer_agreement_under_both_rules(winner: str, loser: str, reference: float, normalised: float) -> None:
+    """The four audited cases that flip: a second sub-question agreeing under both rules makes the share 1/2 or 2/2,
+    either side of the 0.666 gate."""
+    assert subanswer_agreement({1: winner}, {1: loser}, "reference") == reference
+    assert subanswer_agreement({1: winner}, {1: loser}, "normalised") == normalised
+    pair = ({1: winner, 2: "France"}, {1: loser, 2: "france "})
+    assert subanswer_agreement(*pair, "reference") == (1 + reference) / 2
+    assert subanswer_agreement(*pair, "normalised") == (1 + normalised) / 2
+
+
+def test_reference_agreement_counts_the_losing_run_s_sub_questions() -> None:
+    winner, loser = {1: "Ann", 2: "Paris", 3: "France"}, {1: "ann"}
+    assert subanswer_agreement(winner, loser, "reference") == 1.0  # 1 of the loser's 1
+    assert subanswer_agreement(winner, loser, "normalised") == pytest.approx(1 / 3)  # 1 of the 3 in either run
+    assert subanswer_agreement({2: "Paris"}, {1: "Paris"}, "reference") == 0.0  # the winner lacks Q1
+    assert subanswer_agreement(winner, {}, "reference") == 0.0
+    assert MDPOConfig().agreement == "reference"  # the paper defines no agreement: the released code's rule
+    with pytest.raises(ValueError, match="agreement"):
+        dataclasses.replace(MDPOConfig(), agreement="exact").validate()  # type: ignore[arg-type]
 
 
 def test_reference_pair_rule_needs_the_code_reward() -> None:

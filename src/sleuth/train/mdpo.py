@@ -61,7 +61,7 @@ import random
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -150,6 +150,10 @@ class MDPOConfig:
     # (reference_gate, and final pairs need sub-answer agreement >= REFERENCE_MIN_AGREEMENT); needs reward="code".
     pair_rule: Literal["paper", "reference"] = "paper"
     min_margin: float = 0.0  # pair_rule "paper" only: keep a pair only if best - worst > min_margin
+    # sub-answer agreement (which T- a final pair takes, and pair_rule "reference"'s 0.666 gate): "reference" (the
+    # released create_train_data.py, the default as the paper defines none: lower().strip(), "0".."10" as words,
+    # over the losing run's sub-questions) or "normalised" (sleuth's answer normaliser over both runs' sub-questions)
+    agreement: Literal["reference", "normalised"] = "reference"
     pair_sets: tuple[str, ...] = PAIR_SETS  # the released mix has no "subq" pairs
     # "every": D_subq / D_final from every sampled decomposition (as the code does); "best": only from the
     # decomposition with the highest mean reward (one set of pairs per question, as the paper's notation suggests).
@@ -201,6 +205,8 @@ class MDPOConfig:
             raise ValueError(f"reward={self.reward!r}; expected 'paper' or 'code'")
         if self.pair_rule not in ("paper", "reference"):
             raise ValueError(f"pair_rule={self.pair_rule!r}; expected 'paper' or 'reference'")
+        if self.agreement not in ("reference", "normalised"):
+            raise ValueError(f"agreement={self.agreement!r}; expected 'reference' or 'normalised'")
         if self.pair_rule == "reference" and self.reward != "code":
             raise ValueError("pair_rule='reference' gates on the released code's 0-3 score: set reward='code'")
         if self.pair_rule == "reference" and self.min_margin:
@@ -522,13 +528,45 @@ def _normalised_answer(step: Step | None) -> str:
     return normalize_answer(str(step.parsed or "")) if step is not None else ""
 
 
-def _agreement(a: Trajectory, b: Trajectory) -> float:
-    """Fraction of sub-questions whose (normalised) answers agree in two runs of one decomposition."""
-    sa, sb = a.subanswer_steps(), b.subanswer_steps()
-    indices = set(sa) | set(sb)
+# released create_train_data.py's word2number: a sub-answer that is exactly "0".."10" is compared as its word
+NUMBER_WORDS = {
+    str(i): word
+    for i, word in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"])
+}
+
+
+def _reference_form(text: str) -> str:
+    return NUMBER_WORDS.get(text.lower(), text).lower().strip()
+
+
+def subanswer_agreement(
+    winner: Mapping[int, str], loser: Mapping[int, str], rule: Literal["reference", "normalised"] = "reference"
+) -> float:
+    """Share of sub-questions whose answers agree in two runs of one decomposition (T+ ``winner``, T- ``loser``).
+
+    ``reference`` (released ``create_train_data.py``): over the loser's sub-questions, answers equal after
+    ``lower().strip()`` with "0".."10" mapped to words ("3" = "three", "Paris." != "Paris"); a sub-question the
+    winner lacks disagrees; a loser without sub-answers agrees on 0.0. ``normalised``: over the sub-questions of
+    either run, answers equal under sleuth's normaliser (:func:`~sleuth.eval.metrics.normalize_answer`: case,
+    punctuation and articles: "The Beatles" = "Beatles", "U.S." = "US"), a missing answer being ""."""
+    if rule == "reference":
+        if not loser:
+            return 0.0
+        agree = sum(i in winner and _reference_form(winner[i]) == _reference_form(loser[i]) for i in loser)
+        return agree / len(loser)
+    indices = set(winner) | set(loser)
     if not indices:
         return 0.0
-    return sum(_normalised_answer(sa.get(i)) == _normalised_answer(sb.get(i)) for i in indices) / len(indices)
+    same = (normalize_answer(winner.get(i, "")) == normalize_answer(loser.get(i, "")) for i in indices)
+    return sum(same) / len(indices)
+
+
+def _agreement(a: Trajectory, b: Trajectory, rule: Literal["reference", "normalised"] = "reference") -> float:
+    """:func:`subanswer_agreement` of the parsed sub-answers of runs ``a`` (T+) and ``b`` (the T- candidate)."""
+    sa, sb = a.subanswer_steps(), b.subanswer_steps()
+    return subanswer_agreement(
+        {i: str(s.parsed or "") for i, s in sa.items()}, {i: str(s.parsed or "") for i, s in sb.items()}, rule
+    )
 
 
 REFERENCE_MIN_AGREEMENT = 0.666  # released create_dpo_pairs.py: final pairs' share of identical sub-answers
@@ -643,7 +681,7 @@ def _solver_pairs(
     if config.pair_rule == "paper" and gap <= config.min_margin:
         degenerate["solver_below_margin"] += 1
         return
-    minus = max((t for t in runs if t.reward == lowest), key=lambda t: _agreement(plus, t))
+    minus = max((t for t in runs if t.reward == lowest), key=lambda t: _agreement(plus, t, config.agreement))
     rewards = (plus.reward, minus.reward)
     keys = {"chosen_key": plus.key, "rejected_key": minus.key}
 
@@ -663,7 +701,8 @@ def _solver_pairs(
     if good_final is None or bad_final is None or good_final.messages is None:
         degenerate["final_missing"] += 1
         return
-    if config.pair_rule == "reference" and "final" in sink.sets and _agreement(plus, minus) < REFERENCE_MIN_AGREEMENT:
+    agreement = _agreement(plus, minus, config.agreement)
+    if config.pair_rule == "reference" and "final" in sink.sets and agreement < REFERENCE_MIN_AGREEMENT:
         degenerate["final_low_agreement"] += 1
         return
     sink.add("final", question, good_final.messages, good_final.output or "", bad_final.output or "", rewards, **keys)
