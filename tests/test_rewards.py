@@ -390,6 +390,22 @@ def test_s3_reward_runs_the_generator_and_reuses_the_cached_baseline(tmp_path: P
     assert len(other.prompts) == 2
 
 
+def test_s3_reward_falls_back_to_the_judge_for_the_answer_and_the_naive_baseline() -> None:
+    """The reference's check_answer_correct: span match, else the LLM judge, for the s3 answer and for the cached
+    naive-RAG score alike. Neither "twenty-five" (s3) nor "XXV" (naive) contains the gold "25"."""
+    generator = ScriptedLLM(lambda prompt: "XXV" if "Misleading" in prompt else "twenty-five")
+    trace = s3_trace()
+    trace.example.answers = ["25"]
+    judge = ScriptedLLM(lambda prompt: "Yes" if "twenty-five" in prompt or "XXV" in prompt else "No")
+    result = asyncio.run(s3_reward(trace, generator, NaiveRagCache.for_s3(None, generator), judge=judge))
+    assert (result["acc_s3"], result["acc_naive"], result["reward"]) == (1.0, 1.0, 0.0)
+    assert len(judge.prompts) == 2
+    assert sum("twenty-five" in p for p in judge.prompts) == 1 and sum("XXV" in p for p in judge.prompts) == 1
+    # span match only (S3RLConfig's CPU default, judge ""): both are wrong
+    plain = asyncio.run(s3_reward(trace, generator, NaiveRagCache.for_s3(None, generator)))
+    assert (plain["acc_s3"], plain["acc_naive"]) == (0.0, 0.0)
+
+
 def test_s3_reward_refuses_a_cache_of_another_generator() -> None:
     generator = ScriptedLLM(generator_reply)
     with pytest.raises(ValueError, match="stale"):

@@ -783,3 +783,37 @@ def test_the_hf_backend_caps_observations_with_its_own_tokenizer(tiny_model_dir:
     assert observations and all(n_tokens(hf.tokenizer, text) <= 3 for text in observations)
     cap = trace.meta["observation_cap"]
     assert cap["applied"] is True and cap["truncated"] == len(observations) and cap["tokens_removed"] > 0
+
+
+# ------------------------------------------------------------------------------------------- reference differences
+
+
+def test_a_title_with_parentheses_is_served_whole() -> None:
+    """The reference re-parses titles with a regex that stops at the first ")", so "Alien (film)" loses its
+    closing parenthesis and the rest leaks into the text; sleuth serves the passage's own title."""
+    film = Passage(id="film", title="Alien (film)", text="Alien is a 1979 science fiction horror film.")
+    ctx, _, generator, _ = setup(
+        [SEARCH_Q1, "<important_info>[1]</important_info><search_complete>True</search_complete>"],
+        retrieve=lambda q: INITIAL if q == QUESTION else [film],
+    )
+    trace = run_one(ctx)
+    assert trace.meta["selected_passages"][-1] == {"id": "film", "title": "Alien (film)", "text": film.text}
+    assert "Doc 4 (Title: Alien (film))\nAlien is a 1979 science fiction horror film.\n" in generator.prompts[0]
+
+
+def test_the_code_s_settings_serve_the_reference_s_context() -> None:
+    """The reference serves the selected documents of tagged blocks first (ascending ids, no cap), then the untagged
+    blocks whole (here the initial one): q1's 1, 2, 4, 5, q2's 3, then p1-p3. ``max_selected: 0`` and
+    ``context_order: selected_first`` give exactly that; the shipped defaults (the paper's 3 per round, the
+    documents in the order found) serve p1-p3 first and only 3 of q1's 4."""
+    replies = [
+        SEARCH_Q1,
+        '<important_info>[5, 1, 4, 2]</important_info><search_complete>False</search_complete><query>{"query": "q2"}'
+        "</query>",
+        "<important_info>[3]</important_info><search_complete>True</search_complete>",
+    ]
+    reference = ["q1-1", "q1-2", "q1-4", "q1-5", "q2-3", "p1", "p2", "p3"]
+    code = run_one(setup(list(replies), config=S3Config(max_selected=0, context_order="selected_first"))[0])
+    assert code.meta["selected_ids"] == reference
+    shipped = run_one(setup(list(replies))[0])
+    assert shipped.meta["selected_ids"] == ["p1", "p2", "p3", "q1-1", "q1-4", "q1-5", "q2-3"]

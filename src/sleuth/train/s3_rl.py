@@ -107,7 +107,9 @@ class S3RLConfig(RLConfig):
     agent: S3Config = field(default_factory=S3Config)
     reward: Literal["paper", "code"] = "paper"  # GBR, or the official code's GBR + Acc
     metric: Literal["genacc", "span", "judge"] = "genacc"
-    judge: str = ""  # LLM judge spec for metric genacc/judge ("" = span match only)
+    # LLM judge spec for metric genacc/judge. "" = span match only: a deviation (the reference always falls back to
+    # its LLM judge, for the s3 answer and the naive-RAG score), kept as the default so a CPU run needs no judge model
+    judge: str = ""
     filter: bool = True  # the paper's training-data filter
 
     def validate(self) -> None:
