@@ -10,8 +10,10 @@ cheaper on a compute-bound CPU, so ``sequential / prefill floor`` bounds the rat
 
 With ``--vllm SPEC`` (a ``vllm:`` or ``openai:`` spec) it compares engines instead (issue 18), four arms alternating
 ``--repeats`` times, medians reported: one prompt at a time through the hf backend, the runner on hf, the runner
-on the vLLM server, and raw vLLM (the runner's own prompts sent all at once over plain HTTP, no sleuth), with the
-answer agreement of every arm against the first::
+on the vLLM server, and raw vLLM (the runner's prompts sent all at once over plain HTTP, no sleuth), with the
+answer agreement of every arm against the first on the same questions. vLLM's prefix cache would serve a prompt it
+has seen from cache, so each round draws fresh questions and the server sees every question once (issue 37); the
+warm-cache case (both vLLM arms again on questions already served) is reported apart::
 
     python benchmarks/bench_runner.py --vllm vllm:default --out docs/results/bench_engines.json
 """
@@ -26,10 +28,12 @@ import random
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from sleuth.agents import Context
 from sleuth.agents.baselines import DirectConfig, NaiveRAGConfig
 from sleuth.llm import Sampling, load_llm
+from sleuth.llm.base import LLM, Generation, Messages, Request, Score
 from sleuth.records import Example, Trace
 from sleuth.retrieval import load_retriever
 from sleuth.runner import arun
@@ -142,14 +146,34 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-async def _raw(served, prompts: list[list[dict[str, str]]], sampling: Sampling) -> tuple[float, list[str]]:
-    """All prompts at once to the server's chat endpoint with plain httpx: what the engine does without sleuth."""
+class _Recorder(LLM):
+    """Answers nothing, records nothing but the prompts the agent builds: the raw arm's prompts for questions the
+    server has not seen yet (running the runner arm first to get them would put them in vLLM's prefix cache)."""
+
+    def __init__(self, served: LLM) -> None:
+        super().__init__()
+        self.served = served
+        self.spec = "recorder"
+
+    def special_tokens(self) -> tuple[str, ...]:
+        return self.served.special_tokens()  # the same neutralised passages as the vLLM runner arm's
+
+    async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
+        return [Generation(texts=[""] * sampling.n, completion_tokens=[0] * sampling.n) for _ in requests]
+
+    async def score(self, prompt: Messages | str, completion: str) -> Score:
+        raise NotImplementedError
+
+
+async def _raw(served: Any, prompts: list[list[dict[str, str]]], sampling: Sampling) -> tuple[float, list[str], int]:
+    """All prompts at once to the server's chat endpoint with plain httpx: what the engine does without sleuth.
+    Returns the seconds, the texts and the prompt tokens the server counted."""
     import httpx
 
     limits = httpx.Limits(max_connections=len(prompts), max_keepalive_connections=len(prompts))
     async with httpx.AsyncClient(timeout=3600, limits=limits, trust_env=False) as client:
 
-        async def one(messages: list[dict[str, str]]) -> str:
+        async def one(messages: list[dict[str, str]]) -> tuple[str, int]:
             body = {
                 "model": served.model,
                 "messages": messages,
@@ -158,78 +182,128 @@ async def _raw(served, prompts: list[list[dict[str, str]]], sampling: Sampling) 
             }
             response = await client.post(f"{served.base_url}/chat/completions", json=body)
             response.raise_for_status()
-            return response.json()["choices"][0]["message"]["content"] or ""
+            data = response.json()
+            return data["choices"][0]["message"]["content"] or "", int(data.get("usage", {}).get("prompt_tokens", 0))
 
         started = time.perf_counter()
-        texts = await asyncio.gather(*(one(m) for m in prompts))
-        return time.perf_counter() - started, list(texts)
+        replies = await asyncio.gather(*(one(m) for m in prompts))
+        took = time.perf_counter() - started
+        return took, [text for text, _ in replies], sum(tokens for _, tokens in replies)
 
 
 def engines(args: argparse.Namespace) -> None:
-    """The four arms of issue 18 in one process, alternating, medians of ``--repeats``."""
+    """The four arms of issue 18 in one process, alternating, medians of ``--repeats``, every vLLM measurement on
+    questions the server has never seen (issue 37).
+
+    vLLM keeps a prefix cache (on by default): a prompt it has served before skips most of its prefill. So every
+    round draws fresh question sets: X, which both hf arms (no cache to warm) and one vLLM arm answer, and Y, which
+    the other vLLM arm answers; the vLLM arm that shares X alternates (the runner in rounds 1, 3, ..., raw in rounds
+    2, 4, ...). The server thus sees each question once, and every arm is compared with the first on the same
+    questions (the answer agreement). Afterwards both vLLM arms run again on round 1's X, which the server has
+    already served: the warm-cache figures, reported apart.
+    """
     retriever = load_retriever(args.index)
     hf = load_llm(args.llm)
     served = load_llm(args.vllm)
     sampling = Sampling(max_new_tokens=args.max_new_tokens)
     config = NaiveRAGConfig(k=args.k, sampling=sampling) if args.method == "naive_rag" else DirectConfig(sampling)
-    examples = questions(retriever, args.n, args.seed)
+    n = args.n
+    pool = questions(retriever, 2 + 2 * n * args.repeats, args.seed)  # distinct titles: every set is fresh
+    warmup, rest = pool[:2], pool[2:]
+    sets = [(rest[2 * n * r : 2 * n * r + n], rest[2 * n * r + n : 2 * n * (r + 1)]) for r in range(args.repeats)]
     contexts = {
-        name: Context(llm=llm, retriever=retriever, config=config) for name, llm in (("hf", hf), ("vllm", served))
+        name: Context(llm=llm, retriever=retriever, config=config)
+        for name, llm in (("hf", hf), ("vllm", served), ("recorder", _Recorder(served)))
     }
-    for ctx in contexts.values():  # warm-up: first-call allocations, lazy imports, the server's first batch
-        asyncio.run(timed(args.method, examples[:2], ctx, 2))
+
+    def prompts_of(examples: list[Example]) -> list[list[dict[str, str]]]:
+        _, traces = asyncio.run(timed(args.method, examples, contexts["recorder"], 1))
+        return [[step for step in t.steps if step.messages is not None][0].messages for t in traces]
+
+    for name in ("hf", "vllm"):  # warm-up: first-call allocations, lazy imports, the server's first batch
+        asyncio.run(timed(args.method, warmup, contexts[name], 2))
+    asyncio.run(_raw(served, prompts_of(warmup), sampling))
+
     arms = ["hf, one prompt at a time", "hf, sleuth runner", "vllm, sleuth runner", "vllm, raw (no sleuth)"]
-    seconds: dict[str, list[float]] = {arm: [] for arm in arms}
-    outputs: dict[str, list[str]] = {}
-    prompts: list[list[dict[str, str]]] = []
-    for _ in range(args.repeats):
+    warm_arms = ["vllm, sleuth runner (warm cache)", "vllm, raw (no sleuth) (warm cache)"]
+    seconds: dict[str, list[float]] = {arm: [] for arm in arms + warm_arms}
+    tokens: dict[str, list[int]] = {arm: [] for arm in arms + warm_arms}
+    answers: dict[str, dict[str, str]] = {arm: {} for arm in arms + warm_arms}  # question id -> output
+
+    def measure(arm: str, examples: list[Example], label: str) -> None:
+        if arm.startswith("vllm, raw"):
+            took, texts, prompt_tokens = asyncio.run(_raw(served, prompts_of(examples), sampling))
+        else:
+            ctx = contexts[arm.split(",")[0]]
+            took, traces = asyncio.run(timed(args.method, examples, ctx, 1 if "one prompt" in arm else n))
+            llm_steps = [[step for step in t.steps if step.messages is not None] for t in traces]
+            assert all(len(steps) == 1 for steps in llm_steps), "one LLM call per question expected"
+            texts = [steps[0].output or "" for steps in llm_steps]
+            prompt_tokens = sum(t.prompt_tokens for t in traces)
+        seconds[arm].append(took)
+        tokens[arm].append(prompt_tokens)
+        answers[arm].update({e.id: text for e, text in zip(examples, texts, strict=True)})
+        print(f"{arm:<36}{label:<12}{took:>8.1f} s  {prompt_tokens:>7} prompt tokens", flush=True)
+
+    for r, (x, y) in enumerate(sets):
+        shares_x = arms[2] if r % 2 == 0 else arms[3]
         for arm in arms:
-            if arm.startswith("vllm, raw"):
-                took, texts = asyncio.run(_raw(served, prompts, sampling))
-            else:
-                ctx = contexts[arm.split(",")[0]]
-                took, traces = asyncio.run(timed(args.method, examples, ctx, 1 if "one prompt" in arm else args.n))
-                llm_steps = [[step for step in t.steps if step.messages is not None] for t in traces]
-                assert all(len(steps) == 1 for steps in llm_steps), "one LLM call per question expected"
-                texts = [steps[0].output or "" for steps in llm_steps]
-                if arm == "vllm, sleuth runner" and not prompts:
-                    prompts = [steps[0].messages for steps in llm_steps]
-            seconds[arm].append(took)
-            outputs.setdefault(arm, texts)
-            print(f"{arm:<28}{took:>8.1f} s", flush=True)
-    reference = outputs[arms[0]]
+            on_x = arm in arms[:2] or arm == shares_x
+            measure(arm, x if on_x else y, f"round {r + 1} {'X' if on_x else 'Y'}")
+    for r in range(args.repeats):
+        for warm in warm_arms:
+            measure(warm, sets[0][0], f"warm {r + 1}")
+
+    reference = answers[arms[0]]
+
+    def agreement(arm: str) -> str:
+        shared = [q for q in answers[arm] if q in reference]
+        return f"{sum(answers[arm][q] == reference[q] for q in shared)}/{len(shared)}"
+
     rows = [
         {
             "arm": arm,
+            "cache": "warm (questions served before)" if arm in warm_arms else "cold (fresh questions)",
             "median_s": round(_median(seconds[arm]), 2),
             "runs_s": [round(x, 2) for x in seconds[arm]],
-            "s_per_question": round(_median(seconds[arm]) / len(examples), 3),
-            "same_outputs_as_first_arm": f"{sum(a == b for a, b in zip(outputs[arm], reference, strict=True))}"
-            f"/{len(examples)}",
+            "s_per_question": round(_median(seconds[arm]) / n, 3),
+            "prompt_tokens_per_run": tokens[arm],
+            "same_outputs_as_first_arm": agreement(arm),
         }
-        for arm in arms
+        for arm in arms + warm_arms
     ]
     median = {row["arm"]: row["median_s"] for row in rows}
     result = {
         "command": "python benchmarks/bench_runner.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "out"),
+        + " ".join(
+            f"--{k.replace('_', '-')} {json.dumps(v) if isinstance(v, str) and '?' in v else v}"
+            for k, v in vars(args).items()
+            if v is not None and k != "out"
+        ),
         "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
         "llm": hf.describe(),
         "vllm": served.describe(),
         "config": asdict(config),
+        "design": "every round: fresh question sets X and Y (n each); both hf arms and one vLLM arm answer X, the "
+        "other vLLM arm Y (the runner shares X in odd-numbered rounds, raw in even ones); the server sees each "
+        "question once. Warm-cache rows: both vLLM arms again on round 1's X, already served.",
         "results": rows,
         "runner_vllm_vs_raw_vllm_throughput": round(median[arms[3]] / median[arms[2]], 2),
         "runner_vllm_vs_runner_hf_speedup": round(median[arms[1]] / median[arms[2]], 2),
+        "warm_cache_runner_vllm_vs_raw_vllm_throughput": round(median[warm_arms[1]] / median[warm_arms[0]], 2),
+        "warm_cache_runner_vllm_vs_runner_hf_speedup": round(median[arms[1]] / median[warm_arms[0]], 2),
     }
-    print(f"{'arm':<28}{'median s':>10}{'s/q':>8}  same outputs")
+    print(f"{'arm':<36}{'median s':>10}{'s/q':>8}  same outputs")
     for row in rows:
         print(
-            f"{row['arm']:<28}{row['median_s']:>10.1f}{row['s_per_question']:>8.2f}"
+            f"{row['arm']:<36}{row['median_s']:>10.1f}{row['s_per_question']:>8.2f}"
             f"  {row['same_outputs_as_first_arm']}"
         )
     print(
-        f"runner through vLLM: {result['runner_vllm_vs_raw_vllm_throughput']}x raw vLLM's throughput (target >= 0.8), "
-        f"{result['runner_vllm_vs_runner_hf_speedup']}x the hf runner (target >= 1.8)"
+        f"cold: runner through vLLM {result['runner_vllm_vs_raw_vllm_throughput']}x raw vLLM's throughput "
+        f"(target >= 0.8), {result['runner_vllm_vs_runner_hf_speedup']}x the hf runner (target >= 1.8); "
+        f"warm cache: {result['warm_cache_runner_vllm_vs_raw_vllm_throughput']}x raw, "
+        f"{result['warm_cache_runner_vllm_vs_runner_hf_speedup']}x the hf runner"
     )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
