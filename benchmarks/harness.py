@@ -706,7 +706,7 @@ class ModelServer:
             from types import SimpleNamespace
 
             from sleuth.llm import load_llm
-            from sleuth.train.mdpo import engine_spec
+            from sleuth.train.common import engine_spec
 
             self.llm = load_llm(
                 engine_spec(SimpleNamespace(engine=self.engine, llm_options=self.options), self.model_dir)
@@ -715,7 +715,7 @@ class ModelServer:
 
     def __exit__(self, *exc: object) -> None:
         if self.llm is not None:
-            from sleuth.train.mdpo import close_llm
+            from sleuth.train.common import close_llm
 
             close_llm(self.llm)
 

@@ -91,7 +91,7 @@ FULL = {
 def evaluate(server: ModelServer, examples: list[Any], index: str, agent: Any) -> dict[str, Any]:
     """Greedy acesearcher EM / F1 of one model on ``examples``, per question (for the paired CIs)."""
     from sleuth.retrieval import load_retriever
-    from sleuth.train.mdpo import evaluate_dev
+    from sleuth.train.common import evaluate_dev
 
     result = evaluate_dev(examples, server.get(), load_retriever(index), agent, concurrency=64, progress=True)
     return {
@@ -449,7 +449,7 @@ def main() -> None:
     from sleuth.data.synth import load_synth, synthesize
     from sleuth.llm import Sampling
     from sleuth.retrieval.bm25 import build_bm25_index
-    from sleuth.train.mdpo import auto_engine
+    from sleuth.train.common import auto_engine
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
     print(f"engine: {args.engine}", flush=True)

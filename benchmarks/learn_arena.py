@@ -151,7 +151,7 @@ def evaluate(model: Path, examples: list[Any], agent: Any, options: str, engine:
     from sleuth.eval.metrics import score_example
     from sleuth.llm import load_llm
     from sleuth.runner import run
-    from sleuth.train.mdpo import close_llm, engine_spec
+    from sleuth.train.common import close_llm, engine_spec
 
     llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=options), model))
     try:
@@ -271,7 +271,7 @@ def main() -> None:
     )
     args = parse_sized(parser, FULL)
     from sleuth.llm.vllm_server import gpu_visible
-    from sleuth.train.mdpo import auto_engine
+    from sleuth.train.common import auto_engine
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
     if args.rollouts == "auto":

@@ -197,8 +197,8 @@ def evaluate(
 
     from sleuth.llm import load_llm
     from sleuth.retrieval import load_retriever
+    from sleuth.train.common import close_llm, engine_spec
     from sleuth.train.exsearch_em import evaluate as run_eval
-    from sleuth.train.mdpo import close_llm, engine_spec
 
     llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=options), model_dir))
     try:
@@ -284,7 +284,7 @@ def main() -> None:
     args = parse_sized(parser, FULL)
     if not args.arms or not set(args.arms) <= {"em", "uniform"}:
         parser.error(f"--arms takes em and/or uniform, not {args.arms}")
-    from sleuth.train.mdpo import auto_engine
+    from sleuth.train.common import auto_engine
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
     print(f"engine: {args.engine}", flush=True)

@@ -332,7 +332,7 @@ def main() -> None:
     if args.epochs is None:
         args.epochs = 2.0 if args.full else 1.0
 
-    from sleuth.train.mdpo import auto_engine
+    from sleuth.train.common import auto_engine
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
     print(f"engine: {args.engine}", flush=True)

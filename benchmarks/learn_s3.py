@@ -207,7 +207,7 @@ def evaluate(
     from sleuth.records import Passage
     from sleuth.retrieval import load_retriever
     from sleuth.runner import run
-    from sleuth.train.mdpo import close_llm, engine_spec
+    from sleuth.train.common import close_llm, engine_spec
     from sleuth.train.rewards import generator_accuracy
 
     llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=opts), searcher))
@@ -340,7 +340,7 @@ def main() -> None:
         "(hf with --smoke)",
     )
     args = parse_sized(parser, FULL)
-    from sleuth.train.mdpo import auto_engine, close_llm, engine_spec
+    from sleuth.train.common import auto_engine, close_llm, engine_spec
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
     print(f"engine: {args.engine}", flush=True)

@@ -81,7 +81,7 @@ def main() -> None:
     from sleuth.assets import ensure_default_model
     from sleuth.data.synth import load_synth
     from sleuth.llm import Sampling
-    from sleuth.train.mdpo import auto_engine
+    from sleuth.train.common import auto_engine
 
     engine = auto_engine(args.engine)
     index = args.index or str(args.world.parent / "index")

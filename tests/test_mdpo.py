@@ -18,6 +18,7 @@ from sleuth.llm import LLM
 from sleuth.records import Example
 from sleuth.runner import run
 from sleuth.train import mdpo
+from sleuth.train.common import read_examples
 from sleuth.train.mdpo import (
     MDPO_KEY,
     MDPOConfig,
@@ -761,7 +762,7 @@ def test_smollm2_samples_and_scores_one_question(tmp_path: Path) -> None:
     sizes = {"train_entities": 40, "dev_entities": 20, "test_entities": 20}
     synthesize(tmp_path / "world", seed=0, train_questions=2, dev_questions=1, test_questions=1, max_hops=2, **sizes)
     build_bm25_index(tmp_path / "world" / "corpus.jsonl", tmp_path / "idx")
-    example = next(iter(mdpo._read_examples(str(tmp_path / "world" / "train.jsonl"), 1)))
+    example = next(iter(read_examples(str(tmp_path / "world" / "train.jsonl"), 1)))
     config = MDPOConfig(decompositions=2, solutions=2)
     config.agent = AceSearcherConfig(
         k=3, max_subquestions=3, decompose_max_new_tokens=40, subanswer_max_new_tokens=8, final_max_new_tokens=24

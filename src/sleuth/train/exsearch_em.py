@@ -87,6 +87,24 @@ from sleuth.eval.metrics import exact_match, f1_score
 from sleuth.llm import LLM, Generation, ReplayLLM, Request, Sampling
 from sleuth.records import Example, Passage, Trace
 from sleuth.retrieval import Retriever
+from sleuth.train.common import (
+    Engines,
+    HFTrainConfig,
+    WorldConfig,
+    close_llm,
+    default_llm_factory,
+    engine_record,
+    engine_spec,
+    evaluate_dev,
+    free_memory,
+    log,
+    prepare_data,
+    resolve_model,
+    seed_all,
+    serves,
+    training_arguments,
+    write_json,
+)
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.rollouts import Rollout, RolloutStore, collect, model_revision
 from sleuth.train.tracking import Tracker, hf_reporting
@@ -120,28 +138,21 @@ Record = dict[str, Any]
 
 
 @dataclass
-class EMConfig:
+class EMConfig(HFTrainConfig, WorldConfig):
     """Options of ``sleuth train exsearch``. Defaults follow the paper (§4.3-4.6); comments name the code's value.
 
-    Data as in :class:`~sleuth.train.mdpo.MDPOConfig`: ``data_dir`` (a synthetic world, generated from ``synth``
-    when missing) or explicit ``train_file`` / ``dev_file`` / ``corpus`` / ``index``.
+    Data as in :class:`~sleuth.train.common.WorldConfig`: ``data_dir`` (a synthetic world, generated from ``synth``
+    when missing) or explicit ``train_file`` / ``dev_file`` / ``corpus`` / ``index``; the optimiser options are
+    :class:`~sleuth.train.common.HFTrainConfig`'s (``max_steps`` > 0: optimizer steps per training stage). The
+    M-step trains all weights: ``lora`` is refused.
     """
 
     model: str = "default"  # θ_base: a transformers directory or "default" (the embedded SmolLM2)
     output_dir: str = "runs/exsearch-em"
-    data_dir: str = ""
-    synth: dict[str, Any] = field(default_factory=dict)
-    train_file: str = ""
-    dev_file: str = ""
-    corpus: str = ""
-    index: str = ""
     train_limit: int | None = None  # E-step questions per iteration (None: all)
     dev_limit: int | None = 100  # dev questions for early stopping (0: none, then no early stopping)
     llm_options: str = ""  # options of the hf: backend (sampling and evaluation with engine=hf; scoring always)
-    # sampling/evaluation engine: "hf", "vllm" (a server on each iteration's model) or a spec with "{model}"
-    engine: str = "hf"
     agent: ExSearchConfig = field(default_factory=ExSearchConfig)  # evaluation uses it as is (greedy)
-    concurrency: int = 64
     # Warm-up [paper §4.5: 1,000 GPT-4o-written HotpotQA trajectories; here FireAct ReAct + synthetic gold]
     warmup: bool = True
     fireact: str = ""  # path of FireAct's hotpotqa ReAct jsonl ("" = none)
@@ -165,24 +176,14 @@ class EMConfig:
     min_weight: float = 0.0  # records with weight <= min_weight are left out of the M-step (counted)
     learning_rate: float = 2e-6
     epochs: float = 2.0  # code README: 2
-    batch_size: int = 64
-    per_device_batch_size: int = 1
     warmup_ratio: float = 0.1
     lr_scheduler: str = "cosine"
-    weight_decay: float = 0.0
     max_length: int | None = 8192  # tokens per trajectory; longer ones keep their end (the prompt is masked anyway)
-    max_steps: int = -1  # > 0: optimizer steps per training stage (smoke runs)
-    gradient_checkpointing: bool = False
-    bf16: bool | None = None
-    save_steps: int = 50
     keep_checkpoints: bool = False
     # Iterations [paper §4.6: N = 5, early stop on validation]
     iterations: int = 5
     patience: int = 1
     seed: int = 42  # code: 42 everywhere
-    progress: bool = True
-    # curves (sleuth.train.tracking): "tensorboard" (OUT/tb), "wandb", "mlflow", "trackio"; [] or "none": off
-    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self) -> None:
         if self.weighting not in WEIGHTINGS:
@@ -194,8 +195,8 @@ class EMConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.agent.tags not in TAG_SETS:
             raise ValueError(f"agent.tags={self.agent.tags!r}; expected one of {sorted(TAG_SETS)}")
-        from sleuth.train.mdpo import engine_spec
-
+        if self.lora:
+            raise ValueError("lora: the ExSearch M-step trains all weights (no LoRA); set lora: false")
         engine_spec(self, Path("MODEL"))
 
     def rollout_agent(self) -> ExSearchConfig:
@@ -540,8 +541,6 @@ class EngineAndScorer(LLM):
         return self.engine.special_tokens() if self.engine is not None else super().special_tokens()
 
     def stop_engine(self) -> None:
-        from sleuth.train.mdpo import close_llm
-
         if self.engine is not None:
             close_llm(self.engine)
             self.engine = None
@@ -867,27 +866,19 @@ def train_weighted(
     )
     report_to, reporting = hf_reporting(config.report_to, out.parent, out.name)  # curves: RUN/tb/{warmup,iterN}
     args = TrainingArguments(
-        output_dir=str(out / "trainer"),
-        num_train_epochs=epochs if epochs is not None else config.epochs,
-        max_steps=config.max_steps,
-        learning_rate=learning_rate if learning_rate is not None else config.learning_rate,
-        per_device_train_batch_size=config.per_device_batch_size,
-        gradient_accumulation_steps=accumulation,
-        warmup_steps=config.warmup_ratio,  # a float < 1 is a fraction of the training steps
-        lr_scheduler_type=config.lr_scheduler,
-        weight_decay=config.weight_decay,
-        seed=config.seed,
-        data_seed=config.seed,
-        save_strategy="steps",
-        save_steps=config.save_steps,
-        save_total_limit=2,
-        logging_steps=1,
-        bf16=bf16,
-        remove_unused_columns=False,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        report_to=report_to,
-        disable_tqdm=not config.progress,
-        **({"gradient_checkpointing": True} if config.gradient_checkpointing else {}),
+        **training_arguments(
+            config,
+            out / "trainer",
+            num_train_epochs=epochs if epochs is not None else config.epochs,
+            learning_rate=learning_rate if learning_rate is not None else config.learning_rate,
+            gradient_accumulation_steps=accumulation,
+            bf16=bf16,
+            remove_unused_columns=False,
+            dataloader_pin_memory=torch.cuda.is_available(),
+            report_to=report_to,
+            disable_tqdm=not config.progress,
+            **({"gradient_checkpointing": True} if config.gradient_checkpointing else {}),
+        )
     )
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32 if not bf16 else torch.bfloat16)
     trainer = _trainer_class(config.token_reduction, config.weighting)(
@@ -911,7 +902,7 @@ def train_weighted(
         seconds=time.perf_counter() - started,
         step_seconds=(time.perf_counter() - started) / max(trainer.state.global_step, 1),
     )
-    _write_json(done, stats)  # before the checkpoints go: a rerun from here finds the model and these stats
+    write_json(done, stats)  # before the checkpoints go: a rerun from here finds the model and these stats
     if not config.keep_checkpoints:
         import shutil
 
@@ -922,12 +913,6 @@ def train_weighted(
 # ---------------------------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def _write_json(path: Path, data: Any) -> None:
-    from sleuth.train.mdpo import _write_json as write
-
-    write(path, data)
 
 
 def _write_jsonl(path: Path, rows: Iterable[Record]) -> None:
@@ -943,18 +928,13 @@ def _read_jsonl(path: Path) -> list[Record]:
 
 
 def _log(config: EMConfig, message: str) -> None:
-    if config.progress:
-        from rich.console import Console
-
-        Console(stderr=True).print(f"[bold cyan]exsearch-em[/] {message}", soft_wrap=True, highlight=False)
+    log(config.progress, message, "exsearch-em")
 
 
 def evaluate(
     examples: list[Example], llm: LLM, retriever: Retriever, agent: ExSearchConfig, out: Path, concurrency: int
 ) -> dict[str, Any]:
     """Greedy ExSearch on ``examples``: EM, F1, searches per question; traces written to ``out``."""
-    from sleuth.train.mdpo import evaluate_dev
-
     result = evaluate_dev(examples, llm, retriever, agent, out, concurrency, method=METHOD)
     traces = [Trace.from_json(line) for line in out.read_text().splitlines()] if out.exists() else []
     result["searches"] = sum(len(t.meta.get("iterations") or []) for t in traces) / max(len(traces), 1)
@@ -990,24 +970,16 @@ def train_exsearch(
     """Warm-up then EM iterations (module doc); returns the summary also written to ``OUT/summary.json``."""
     from sleuth.llm import load_llm
     from sleuth.retrieval import load_retriever
-    from sleuth.train.mdpo import (
-        Engines,
-        _default_llm_factory,
-        _resolve_model,
-        engine_record,
-        prepare_data,
-        serves,
-    )
 
     config.validate()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", to_mapping(config))
-    train, dev, index = prepare_data(config, need_index=retriever is None)  # type: ignore[arg-type]
+    write_json(out / "config.json", to_mapping(config))
+    train, dev, index = prepare_data(config, config.output_dir, config.progress, need_index=retriever is None)
     if retriever is None:
         retriever = load_retriever(index)
-    factory = llm_factory or _default_llm_factory(config)  # type: ignore[arg-type]
-    policy = _resolve_model(config.model)
+    factory = llm_factory or default_llm_factory(config)
+    policy = resolve_model(config.model)
     history: list[dict[str, Any]] = []
     split = serves(config) and llm_factory is None  # sample on the engine's server, score on hf
     # a server on a model just evaluated samples the E-step that follows on the same model
@@ -1024,7 +996,7 @@ def train_exsearch(
         engines.release(model_dir, llm, keep)
         del llm
         result = {k: v for k, v in result.items() if k != "per_example_em"}
-        _write_json(path, result)
+        write_json(path, result)
         return result
 
     def scorer_for(model_dir: Path) -> Callable[[], LLM]:
@@ -1048,8 +1020,6 @@ def _em(
     scorer_for: Callable[[Path], Callable[[], LLM]],
     split: bool,
 ) -> dict[str, Any]:
-    from sleuth.train.mdpo import _free_memory, _seed, close_llm, engine_record
-
     out = Path(config.output_dir)
 
     tracker = Tracker(config.report_to, out, out.name, to_mapping(config))  # iteration statistics in OUT/tb
@@ -1062,11 +1032,11 @@ def _em(
             data = stage / "data.jsonl"
             if not data.exists():
                 records, report = warmup_records(config, train, retriever)
-                _write_json(stage / "data_summary.json", report)
+                write_json(stage / "data_summary.json", report)
                 _write_jsonl(data, records)
             records = _read_jsonl(data)
             _log(config, f"warm-up: SFT on {len(records)} seed trajectories from {policy}")
-            _seed(config.seed)
+            seed_all(config.seed)
             train_weighted(records, policy, stage, config, config.warmup_lr, config.warmup_epochs)
         policy = stage / "model"
         summary["warmup"] = {"model": str(policy), "dev": dev_eval(policy, stage / "dev.json", config.iterations > 0)}
@@ -1099,7 +1069,7 @@ def _em(
                 if best_of["applied"]:  # absent when not applied: stores sampled before the option still resume
                     producer["best_of"] = config.best_of
                 store = RolloutStore(it / "rollouts", producer=producer)
-                _seed(config.seed * 1000 + t)
+                seed_all(config.seed * 1000 + t)
                 how = f"best of {config.best_of} per model call" if best_of["applied"] else "plain sampling"
                 if config.best_of > 1 and not best_of["applied"]:
                     how += f", best_of not applied: {best_of['reason']}"
@@ -1116,15 +1086,15 @@ def _em(
                 seconds["weights"] = time.perf_counter() - started
                 close_llm(llm)
                 del llm, engine, ctx, sampler
-                _free_memory()
+                free_memory()
                 _write_jsonl(weighted, records)
                 estep = {**info, "best_of": best_of, "sampling_engine": sampling_engine, "seconds": seconds}
-                _write_json(it / "estep.json", estep)
+                write_json(it / "estep.json", estep)
             records = _read_jsonl(weighted)
             info = json.loads((it / "estep.json").read_text())
             seconds = dict(info.get("seconds", {}))  # a run killed during the M-step keeps its E-step timings
             _log(config, f"iteration {t}: M-step on {len(records)} weighted trajectories ({config.weighting})")
-            _seed(config.seed + t)
+            seed_all(config.seed + t)
             engines.close()  # no server holds memory or cores while the M-step trains
             train_stats = train_weighted(records, policy, it, config)
             seconds["training"] = train_stats["seconds"]
@@ -1140,9 +1110,9 @@ def _em(
                 "m_step": train_stats,
                 "seconds": seconds,
             }
-            _write_json(stats_path, stats)
+            write_json(stats_path, stats)
         stats["dev"] = dev_eval(model_dir, it / "dev.json", t + 1 < config.iterations)
-        _write_json(stats_path, stats)
+        write_json(stats_path, stats)
         history.append(stats)
         tracker.log(t, stats)  # trajectories/weight/* (ESS), degenerate/*, m_step/*, dev/*, seconds/*
         policy = model_dir
@@ -1173,7 +1143,7 @@ def _em(
         final_model=str(policy),
     )
     tracker.close()
-    _write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     return summary
 
 

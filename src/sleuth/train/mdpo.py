@@ -57,7 +57,6 @@ import dataclasses
 import gc
 import json
 import os
-import random
 import shutil
 import time
 from collections import Counter
@@ -73,6 +72,23 @@ from sleuth.eval.metrics import accuracy, claim_accuracy, exact_match, f1_score,
 from sleuth.llm import LLM
 from sleuth.records import Example, Step, Trace
 from sleuth.retrieval import Retriever
+from sleuth.train.common import (
+    Engines,
+    HFTrainConfig,
+    WorldConfig,
+    default_llm_factory,
+    engine_record,
+    engine_spec,
+    evaluate_dev,
+    log,
+    peft_lora_config,
+    prepare_data,
+    resolve_model,
+    seed_all,
+    serves,
+    training_arguments,
+    write_json,
+)
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.rollouts import STORE_MANIFEST, Rollout, RolloutStore, collect, model_revision
 from sleuth.train.tracking import Tracker, hf_reporting
@@ -85,7 +101,6 @@ __all__ = [
     "Trajectory",
     "build_dpo_trainer",
     "build_pairs",
-    "evaluate_dev",
     "format_checks",
     "load_pairs",
     "main",
@@ -111,39 +126,29 @@ REUSED_FILE = "rollouts_reused_from.json"  # in an iteration's directory: the st
 
 
 @dataclass
-class MDPOConfig:
+class MDPOConfig(HFTrainConfig, WorldConfig):
     """Options of ``sleuth train acesearcher``. Defaults follow the paper; comments name the released code's value.
 
     Data: ``train_file``/``dev_file`` (Example jsonl), ``corpus`` (passages) and ``index`` (a retriever spec). With
     ``data_dir`` set, they default to its ``train.jsonl``/``dev.jsonl``/``corpus.jsonl``, and a non-empty ``synth``
     (keyword arguments of :func:`sleuth.data.synth.synthesize`) first generates a synthetic world there if it has no
-    ``world.json``. Without ``index``, a BM25 index of ``corpus`` is built in ``OUT/index``.
+    ``world.json``. Without ``index``, a BM25 index of ``corpus`` is built in ``OUT/index``. The options every
+    trainer shares (model, optimiser, LoRA, engine, ...) are :class:`~sleuth.train.common.HFTrainConfig`'s and
+    :class:`~sleuth.train.common.WorldConfig`'s; here ``batch_size`` counts pairs per optimizer step.
     """
 
     model: str = "default"  # θ(1), the SFT model: a transformers directory, or "default" (the embedded SmolLM2)
     output_dir: str = "runs/mdpo"
-    data_dir: str = ""
-    synth: dict[str, Any] = field(default_factory=dict)
-    train_file: str = ""
-    dev_file: str = ""
-    corpus: str = ""
-    index: str = ""
-    train_limit: int | None = None  # training questions used per iteration (None: all)
     # A deviation, off by default (the paper samples the same RFT prompts every iteration, 49K of them): iteration t
     # samples the t-th block of train_limit questions, so that at a small train_limit iteration 2 does not train
     # again on the questions iteration 1 trained on. Iteration 1 is the same as without it.
     fresh_questions: bool = False
-    dev_limit: int | None = 100  # dev questions for the per-iteration EM (0: no evaluation)
-    llm_options: str = ""  # options of the hf: backend for sampling and evaluation ("device=cpu&threads=2")
-    # sampling/evaluation engine: "hf", "vllm" (a server on each iteration's model) or a spec with "{model}"
-    engine: str = "hf"
     agent: AceSearcherConfig = field(default_factory=AceSearcherConfig)  # evaluation uses it as is (greedy)
     # Sampling [paper §4.3, App. F.2]; the rollouts use `agent` with this temperature / top_p.
     decompositions: int = 3  # m
     solutions: int = 4  # m'
     temperature: float = 1.0  # code: 0.7
     top_p: float = 1.0  # code: 0.99
-    concurrency: int = 64
     # Rewards and pairs [paper Eq. 4.1, §4.4]
     reward: Literal["paper", "code"] = "paper"
     # "paper": drop ties (best == worst reward), and gaps <= min_margin; "reference": the released code's gates
@@ -169,33 +174,18 @@ class MDPOConfig:
     # A deviation, off by default (the paper trains every iteration at one rate): iterations 2..T train at this rate,
     # so that a rate large enough to move the SFT model in iteration 1 need not be the rate θ(2) trains at.
     later_learning_rate: float | None = None
-    batch_size: int = 64  # pairs per optimizer step
-    per_device_batch_size: int = 1  # gradient accumulation makes up the rest
-    epochs: float = 1.0
-    max_steps: int = -1  # > 0: stop after this many optimizer steps (smoke runs)
-    warmup_ratio: float = 0.05
     lr_scheduler: str = "linear"  # the paper states none; the released configs use cosine
     adam_beta2: float = 0.98  # paper App. F; LLaMA-Factory's default (used by the released configs) is 0.999
     max_length: int | None = 2048  # prompt + completion tokens (paper: 2048 / 2560; code cutoff 2100-2200)
-    lora: bool = False
-    lora_r: int = 8  # paper (32B); the released config: 16
-    lora_alpha: int = 16
-    lora_target: str = "all-linear"
+    lora_r: int = 8  # paper (32B); the released config: 16 (with LoRA: lora_alpha 16 on all linear layers)
     precompute_ref_log_probs: bool = False
-    gradient_checkpointing: bool = False
-    bf16: bool | None = None  # None: on a GPU that supports it
-    save_steps: int = 50
     keep_checkpoints: bool = False
-    seed: int = 0
     eval_initial: bool = True  # also evaluate θ(1) on dev (iteration 1's stats: dev_initial)
     # Earlier runs' output_dirs: each iteration starts from the first of their iter{t} rollout stores that has this
     # run's producer (same model weights, agent settings, m, m', seed) and only this iteration's questions, so
     # another DPO setting (beta, learning_rate, nll_weight, ...) on the same starting model trains on the very samples
     # of the first without drawing them again. A plain string is one directory.
     rollouts_from: tuple[str, ...] = ()
-    progress: bool = True
-    # curves (sleuth.train.tracking): "tensorboard" (OUT/tb), "wandb", "mlflow", "trackio"; [] or "none": off
-    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self) -> None:
         """Raise ValueError for option values train_mdpo cannot run with."""
@@ -227,6 +217,12 @@ class MDPOConfig:
             raise ValueError("later_learning_rate must be > 0 (None: every iteration at learning_rate)")
         engine_spec(self, Path("MODEL"))
         self.agent.validate()
+
+    def questions_to_read(self) -> int | None:
+        """``train_limit``, or with ``fresh_questions`` one block of it per iteration."""
+        if self.fresh_questions and self.train_limit is not None:
+            return self.train_limit * self.iterations
+        return self.train_limit
 
     def rollout_agent(self) -> AceSearcherConfig:
         """The agent config of the sampled runs: ``agent`` with the rollout temperature and top_p."""
@@ -293,7 +289,7 @@ def _reuse_rollouts(
     shutil.copytree(source, partial)
     (partial / STORE_MANIFEST).write_text(json.dumps(ours, indent=2) + "\n")
     # a resumed iteration finds the copy already there: the record of where it came from outlives this call
-    _write_json(target.parent / REUSED_FILE, {"rollouts_reused_from": str(source)})
+    write_json(target.parent / REUSED_FILE, {"rollouts_reused_from": str(source)})
     partial.rename(target)
     _log(config, f"rollouts_from: reusing {source} ({len(RolloutStore(target))} rollouts)")
     return True
@@ -811,17 +807,7 @@ def build_dpo_trainer(
     tokenizer = AutoTokenizer.from_pretrained(str(policy))
     model = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32)
     ref_model = None
-    peft_config = None
-    if config.lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=config.lora_r,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=0.0,
-            target_modules=config.lora_target,
-            task_type="CAUSAL_LM",
-        )
+    peft_config = peft_lora_config(config) if config.lora else None
     if (not config.lora and not config.precompute_ref_log_probs) or (
         reference is not None and Path(reference) != Path(policy)
     ):
@@ -838,34 +824,25 @@ def build_dpo_trainer(
     trainer_dir = Path(output_dir)  # RUN/iter{t}/trainer: the DPO curves go to RUN/tb/iter{t}
     report_to, reporting = hf_reporting(config.report_to, trainer_dir.parent.parent, trainer_dir.parent.name)
     args = DPOConfig(
-        output_dir=str(output_dir),
-        beta=config.beta,
-        loss_type=losses,
-        loss_weights=weights,
-        learning_rate=config.learning_rate,
-        per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=accumulation,
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps,
-        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a ratio of the total steps
-        lr_scheduler_type=config.lr_scheduler,
-        adam_beta1=0.9,
-        adam_beta2=config.adam_beta2,
-        weight_decay=0.0,
-        max_length=config.max_length,
-        precompute_ref_log_probs=config.precompute_ref_log_probs,
-        activation_checkpointing=config.gradient_checkpointing,
-        bf16=bf16,
-        use_cpu=not cuda,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=config.save_steps,
-        save_total_limit=2,
-        report_to=report_to,
-        seed=config.seed,
-        data_seed=config.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=not config.progress,
+        **training_arguments(
+            config,
+            output_dir,
+            per_device_train_batch_size=per_device,
+            gradient_accumulation_steps=accumulation,
+            beta=config.beta,
+            loss_type=losses,
+            loss_weights=weights,
+            adam_beta1=0.9,
+            adam_beta2=config.adam_beta2,
+            max_length=config.max_length,
+            precompute_ref_log_probs=config.precompute_ref_log_probs,
+            activation_checkpointing=config.gradient_checkpointing,
+            bf16=bf16,
+            use_cpu=not cuda,
+            report_to=report_to,
+            dataloader_num_workers=0,
+            disable_tqdm=not config.progress,
+        )
     )
     if not config.progress:
         import datasets
@@ -961,69 +938,8 @@ def train_dpo(config: MDPOConfig, policy: str | Path, pairs: list[dict[str, Any]
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def evaluate_dev(
-    examples: list[Example],
-    llm: LLM,
-    retriever: Retriever | None,
-    agent: Any,
-    out: str | Path | None = None,
-    concurrency: int = 64,
-    progress: bool = False,
-    method: str = METHOD,
-) -> dict[str, Any]:
-    """Run the agent ``method`` (``agent``: its config; decoding greedy by default) on ``examples``; mean EM / F1,
-    failed runs. ``out``: also write the traces there (jsonl)."""
-    from sleuth.runner import run
-
-    if not examples:
-        return {"n": 0, "em": None, "f1": None, "errors": 0}
-    ctx = Context(llm=llm, retriever=retriever, config=agent)
-    traces = run(method, examples, ctx, concurrency=concurrency, progress=progress, description="dev")
-    if out is not None:
-        with open(out, "w", encoding="utf-8") as f:
-            f.writelines(t.to_json() + "\n" for t in traces)
-    scores = [score_example(t.example, t.answer or "") for t in traces]
-    em = [float(s.get("em") or 0.0) for s in scores]
-    f1 = [float(s.get("f1") or s.get("em") or 0.0) for s in scores]
-    return {
-        "n": len(traces),
-        "em": sum(em) / len(em),
-        "f1": sum(f1) / len(f1),
-        "errors": sum(t.error is not None for t in traces),
-        "per_example_em": em,
-        "per_example_f1": f1,
-    }
-
-
 def _log(config: MDPOConfig, message: str) -> None:
-    if config.progress:
-        from rich.console import Console
-
-        Console(stderr=True).print(f"[bold cyan]mdpo[/] {message}", soft_wrap=True, highlight=False)
-
-
-def _resolve_model(spec: str) -> Path:
-    if spec in ("", "default"):
-        from sleuth.assets import ensure_default_model
-
-        return ensure_default_model()
-    return Path(spec.removeprefix("hf:"))
-
-
-def _read_examples(path: str, limit: int | None) -> list[Example]:
-    from sleuth.data.synth import load_synth
-
-    if not path:
-        return []
-    examples = list(load_synth(path))
-    return examples[:limit] if limit is not None else examples
-
-
-def _train_questions(config: Any) -> int | None:
-    """How many training questions the run reads: ``train_limit``, or one block of it per iteration."""
-    if getattr(config, "fresh_questions", False) and config.train_limit is not None:
-        return config.train_limit * config.iterations
-    return config.train_limit
+    log(config.progress, message, "mdpo")
 
 
 def iteration_questions(config: MDPOConfig, train: list[Example], t: int) -> list[Example]:
@@ -1039,162 +955,6 @@ def iteration_questions(config: MDPOConfig, train: list[Example], t: int) -> lis
             f"{len(train)}"
         )
     return block
-
-
-def prepare_data(config: MDPOConfig, need_index: bool = True) -> tuple[list[Example], list[Example], str]:
-    """Training and dev examples and the retriever spec (generating the synthetic world and building the BM25
-    index when needed; ``need_index=False``: no index, the spec is "")."""
-    data = Path(config.data_dir) if config.data_dir else None
-    if data is not None and config.synth and not (data / "world.json").exists():
-        from sleuth.data.synth import synthesize
-
-        _log(config, f"generating a synthetic world in {data}")
-        synthesize(data, **config.synth)
-    train_file = config.train_file or (str(data / "train.jsonl") if data else "")
-    dev_file = getattr(config, "dev_file", "") or (
-        str(data / "dev.jsonl") if data and hasattr(config, "dev_file") else ""
-    )
-    corpus = config.corpus or (str(data / "corpus.jsonl") if data else "")
-    if not train_file:
-        raise ValueError("mdpo needs training questions: set train_file or data_dir")
-    index = config.index
-    if not index and need_index:
-        if not corpus:
-            raise ValueError("mdpo needs a retriever: set index, or corpus / data_dir to build a BM25 index")
-        index_dir = Path(config.output_dir) / "index"
-        if not index_dir.exists():
-            from sleuth.retrieval.bm25 import build_bm25_index
-
-            _log(config, f"building a BM25 index of {corpus} in {index_dir}")
-            build_bm25_index(corpus, index_dir)
-        index = str(index_dir)
-    return (
-        _read_examples(train_file, _train_questions(config)),
-        _read_examples(dev_file, getattr(config, "dev_limit", None)),
-        index,
-    )
-
-
-def engine_spec(config: Any, path: Path) -> str:
-    """The LLM spec that samples and evaluates with the model in ``path``: ``config.engine`` is ``hf`` (the ``hf:``
-    backend with ``config.llm_options``), ``vllm`` (``vllm:PATH``, a server sleuth starts and stops) or a template
-    with ``{model}``. Raises ValueError for anything else."""
-    engine = (getattr(config, "engine", "") or "hf").strip()
-    if engine == "hf":
-        return f"hf:{path}" + (f"?{config.llm_options}" if config.llm_options else "")
-    if engine == "vllm":
-        engine = "vllm:{model}"
-    if "{model}" not in engine or ":" not in engine.partition("{model}")[0]:
-        raise ValueError(f"engine={engine!r}; expected 'hf', 'vllm' or a spec with {{model}} ('vllm:{{model}}?...')")
-    return engine.replace("{model}", str(path))
-
-
-def auto_engine(choice: str = "auto") -> str:
-    """``auto``: ``vllm`` when an interpreter with vLLM is found (``.venv-vllm`` from ``make vllm``, see
-    :func:`sleuth.llm.vllm_server.find_vllm_python`), else ``hf``; any other choice as given."""
-    if choice != "auto":
-        return choice
-    from sleuth.llm.base import LLMError
-    from sleuth.llm.vllm_server import find_vllm_python
-
-    try:
-        find_vllm_python()
-    except LLMError:
-        return "hf"
-    return "vllm"
-
-
-def serves(config: Any) -> bool:
-    """Whether ``config.engine`` starts a server per model (so a model used twice in a row keeps its server)."""
-    return (getattr(config, "engine", "") or "hf").strip() != "hf"
-
-
-def _default_llm_factory(config: Any) -> Callable[[Path], LLM]:
-    from sleuth.llm import load_llm
-
-    def factory(path: Path) -> LLM:
-        return load_llm(engine_spec(config, path))
-
-    return factory
-
-
-def close_llm(llm: LLM) -> None:
-    """Stop the server an engine started (``vllm:``; nothing for the others), then free the model's memory."""
-    close = getattr(llm, "close", None)
-    if callable(close):
-        close()
-    _free_memory()
-
-
-class Engines:
-    """Opens the LLM of a model directory with ``factory``; with ``keep``, an LLM released with ``keep=True`` stays
-    open for the next :meth:`open` of the same directory (a server is not restarted on the same weights), and is
-    closed as soon as another directory is opened, or by :meth:`close`."""
-
-    def __init__(self, factory: Callable[[Path], LLM], keep: bool) -> None:
-        self.factory = factory
-        self.keep = keep
-        self.held: tuple[Path, LLM] | None = None
-        self.opened: list[Path] = []  # the directories the factory was asked for
-
-    def open(self, path: Path) -> LLM:
-        if self.held is not None:
-            held_path, llm = self.held
-            self.held = None
-            if held_path == path:
-                return llm
-            close_llm(llm)
-        self.opened.append(Path(path))
-        return self.factory(path)
-
-    def release(self, path: Path, llm: LLM, keep: bool = False) -> None:
-        if keep and self.keep:
-            self.held = (Path(path), llm)
-        else:
-            close_llm(llm)
-
-    def close(self) -> None:
-        if self.held is not None:
-            close_llm(self.held[1])
-            self.held = None
-
-
-def engine_record(llm: LLM) -> dict[str, Any]:
-    """Which engine a stage ran on, for the stats: the backend, its spec or model, and the server it used."""
-    info = llm.describe()
-    record = {k: info[k] for k in ("backend", "spec", "model", "base_url", "path") if info.get(k) is not None}
-    server = info.get("server")
-    if isinstance(server, dict):
-        record["server"] = {k: server[k] for k in ("url", "log", "attached") if k in server}
-    return record
-
-
-def _free_memory() -> None:
-    """Collect the sampling model the caller just dropped, before training loads two more copies."""
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:  # pragma: no cover - torch is a core dependency
-        pass
-
-
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    try:
-        import torch
-
-        torch.manual_seed(seed)
-    except ImportError:  # pragma: no cover
-        pass
-
-
-def _write_json(path: Path, data: Any) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(partial, path)
 
 
 def train_mdpo(
@@ -1214,12 +974,12 @@ def train_mdpo(
     config.validate()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", to_mapping(config))
-    train, dev, index = prepare_data(config, need_index=retriever is None)
+    write_json(out / "config.json", to_mapping(config))
+    train, dev, index = prepare_data(config, config.output_dir, config.progress, need_index=retriever is None)
     if retriever is None:
         retriever = load_retriever(index)
-    factory = llm_factory or _default_llm_factory(config)
-    policy = _resolve_model(config.model)
+    factory = llm_factory or default_llm_factory(config)
+    policy = resolve_model(config.model)
     rollout_agent = config.rollout_agent()
     iterations: list[dict[str, Any]] = []
     # a server-backed engine keeps the evaluation's server on θ(t+1) for iteration t+1's sampling
@@ -1284,7 +1044,7 @@ def _iterate(
             started = time.perf_counter()
             llm = engines.open(policy)
             stats["sampling_engine"] = engine_record(llm)
-            _seed(config.seed * 1000 + t)
+            seed_all(config.seed * 1000 + t)
             _log(config, f"iteration {t}: sampling {len(train)} questions with {policy}")
             new = sample_rollouts(
                 train,
@@ -1301,7 +1061,7 @@ def _iterate(
                 started = time.perf_counter()
                 traces_file = it / "dev_initial_traces.jsonl"
                 initial = evaluate_dev(dev, llm, retriever, config.agent, traces_file, config.concurrency)
-                _write_json(it / "dev_initial.json", initial)
+                write_json(it / "dev_initial.json", initial)
                 seconds["eval_initial"] = time.perf_counter() - started
             engines.release(policy, llm, False)  # before DPO: the trainer gets the memory and the cores
             del llm
@@ -1338,7 +1098,7 @@ def _iterate(
         if (it / "dev_initial.json").exists():
             initial = json.loads((it / "dev_initial.json").read_text())
             stats["dev_initial"] = {k: v for k, v in initial.items() if not k.startswith("per_example")}
-        _write_json(stats_path, stats)
+        write_json(stats_path, stats)
         _log(config, f"iteration {t}: dev EM {dev_stats.get('em')}, DPO accuracy {train_stats.get('accuracy')}")
         iterations.append(stats)
         tracker.log(t, stats)  # its numbers: pairs/*, mean_reward, dpo/*, dev/*, seconds/*, ...
@@ -1360,7 +1120,7 @@ def _iterate(
     }
     if iterations and "dev_initial" in iterations[0]:
         summary["dev_em_initial"] = iterations[0]["dev_initial"].get("em")
-    _write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     return summary
 
 

@@ -73,12 +73,13 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from sleuth.agents import Context
 from sleuth.records import Example, Trace
+from sleuth.train.common import TrainConfig, resolve_model
 
 __all__ = ["DataParallel", "Episode", "RLConfig", "Task", "train_online"]
 
@@ -191,11 +192,11 @@ def _destroy_process_group() -> None:
 
 
 @dataclass
-class RLConfig:
+class RLConfig(TrainConfig):
     """Options shared by the RL trainers; each trainer's config adds its data and reward options and sets its
-    paper's defaults (ARENA: GRPO, group 7; s3: PPO, one rollout per question)."""
+    paper's defaults (ARENA: GRPO, group 7; s3: PPO, one rollout per question). Model, seed, learning rate, LoRA
+    and tracking: :class:`~sleuth.train.common.TrainConfig`."""
 
-    model: str = "default"  # a transformers directory or "default" (the embedded SmolLM2)
     output_dir: str = "runs/rl"
     algorithm: Literal["grpo", "ppo"] = "grpo"
     steps: int = 20
@@ -204,7 +205,6 @@ class RLConfig:
     mini_batches: int = 1  # optimizer steps per rollout batch
     ppo_epochs: int = 1
     micro_batch: int = 4  # sequences per forward/backward (memory only: gradients are accumulated)
-    learning_rate: float = 1e-6
     critic_learning_rate: float = 1e-5
     warmup_steps: int = 0  # linear warm-up of the actor's learning rate (lr * (step + 1) / warmup_steps)
     # PPO's critic: "separate" (veRL: its own model from the base weights, own optimizer) or "shared_head" (a value
@@ -241,25 +241,19 @@ class RLConfig:
     # instruction or a model token, and is dropped if that is not enough (both logged). None: no limit, as the
     # references (ARENA's trainer does not truncate prompts; s3's veRL keeps whole trajectories)
     max_episode_tokens: int | None = None
-    lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
-    lora_target: str = "all-linear"
     dtype: str = "auto"  # auto: bf16 on a GPU that supports it, else fp32
     # several processes: "none" (each holds full replicas, DDP syncs the gradients) or "fsdp" (PyTorch FSDP2
     # fully_shard per transformer block + root for the policy, reference and separate critic; module doc, Scaling in
     # docs/training.md). With one process both are the same run.
     sharding: Literal["none", "fsdp"] = "none"
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass (policy and critic)
     # rollouts from a vLLM server that reloads the LoRA adapter every step (sleuth.train.served_policy)
     rollout_server: str = ""  # openai:BASE_MODEL@URL; empty: transformers generate from the live policy
     rollout_adapter_dir: str = ""  # where the adapters are written for the server to read (default OUT/served)
     save_steps: int = 10
-    seed: int = 0
     concurrency: int = 64
     progress: bool = True
-    # curves (sleuth.train.tracking): "tensorboard" (OUT/tb), "wandb", "mlflow", "trackio"; [] or "none": off
-    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self) -> None:
         if self.algorithm not in ("grpo", "ppo"):
@@ -716,8 +710,13 @@ def _with_lora(model: Any, config: RLConfig, saved: Path | None) -> Any:
 
     if saved is not None:
         return PeftModel.from_pretrained(model, saved, is_trainable=True)
-    target = config.lora_target if config.lora_target == "all-linear" else config.lora_target.split(",")
-    return get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=target))
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=config.lora_targets(),
+    )
+    return get_peft_model(model, lora)
 
 
 def _head_std(model_config: Any, config: RLConfig) -> float | None:
@@ -1159,7 +1158,6 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
 
     from sleuth.llm.hf import HFLLM
     from sleuth.train import tracking
-    from sleuth.train.mdpo import _resolve_model
 
     config.validate()
     if not examples:
@@ -1180,7 +1178,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         log_path.write_text("".join(json.dumps(r) + "\n" for r in log))
     random.seed(config.seed + start)
     torch.manual_seed(config.seed + start)
-    base = _resolve_model(config.model)
+    base = resolve_model(config.model)
     models = _Models(
         config,
         base,

@@ -49,6 +49,7 @@ from sleuth.agents.s3 import S3Config, task_question
 from sleuth.llm import LLM, ReplayLLM, Request
 from sleuth.records import Example, Passage, Trace
 from sleuth.retrieval import Retriever
+from sleuth.train.common import DataConfig, prepare_data
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
 from sleuth.train.tokens import observation_segments
@@ -71,7 +72,7 @@ Record = dict[str, Any]
 
 
 @dataclass
-class S3RLConfig(RLConfig):
+class S3RLConfig(RLConfig, DataConfig):
     """Options of ``sleuth train s3`` (defaults: the paper and its training script, research/s3.md §7)."""
 
     output_dir: str = "runs/s3-rl"
@@ -95,15 +96,9 @@ class S3RLConfig(RLConfig):
     temperature: float = 0.6
     top_p: float = 0.95
     seed: int = 42
-    # data: a synthetic world (data_dir, generated from `synth` when missing) or explicit files
-    data_dir: str = ""
-    synth: dict[str, Any] = field(default_factory=dict)
-    train_file: str = ""
-    corpus: str = ""
-    index: str = ""
-    train_limit: int | None = None
+    # data (DataConfig): a synthetic world (data_dir, generated from `synth` when missing) or explicit files;
+    # llm_options: hf: options of the searcher's sampling model
     generator: str = "default"  # the frozen generator: any backend spec ("default": the embedded SmolLM2)
-    llm_options: str = ""  # hf: options of the searcher's sampling model
     agent: S3Config = field(default_factory=S3Config)
     reward: Literal["paper", "code"] = "paper"  # GBR, or the official code's GBR + Acc
     metric: Literal["genacc", "span", "judge"] = "genacc"
@@ -198,9 +193,7 @@ class S3Task(Task):
 
 def prepare_s3_data(config: S3RLConfig) -> tuple[list[Example], str]:
     """Training questions and the retriever spec (generating the synthetic world / BM25 index when needed)."""
-    from sleuth.train.mdpo import prepare_data
-
-    train, _, index = prepare_data(config)  # type: ignore[arg-type]  # S3RLConfig has the same data fields
+    train, _, index = prepare_data(config, config.output_dir, config.progress)
     return train, index
 
 
