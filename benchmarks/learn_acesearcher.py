@@ -182,7 +182,7 @@ def run_sft(base: Path, world: Path, out: Path, s: dict[str, Any], agent: Any, s
             {"path": train, "format": "synth", "kind": "final", "limit": limit["final"]},
         ],
         val_fraction=0.0,
-        lr=s["sft_lr"],
+        learning_rate=s["sft_lr"],
         batch_size=s["sft_batch"],
         per_device_batch_size=4,
         max_steps=s["sft_steps"],

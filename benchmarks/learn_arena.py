@@ -223,7 +223,7 @@ def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: An
         val_fraction=0.0,
         max_length=2048,
         epochs=2.0,
-        lr=lr,
+        learning_rate=lr,
         batch_size=8,
         per_device_batch_size=2,
         warmup_ratio=0.1,

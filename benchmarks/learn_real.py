@@ -186,7 +186,7 @@ def run_sft(base: Path, out: Path, s: dict[str, Any], agent: Any, seed: int) -> 
         output_dir=str(out),
         sources=sft_sources(s["mixture"]),
         val_fraction=0.0,
-        lr=sft["lr"],
+        learning_rate=sft["lr"],
         batch_size=sft["batch"],
         per_device_batch_size=1,  # records range from 150 to 2,000 tokens: no padding trained
         epochs=sft["epochs"],

@@ -264,7 +264,7 @@ def test_ask_rejects_a_bad_value_with_exit_2() -> None:
         ("seed: [4, 2]", "seed: got [4, 2], expected an integer"),
         ("epochs: [1, 2]", "epochs: got [1, 2], expected a finite number > 0"),
         ("max_length: 12.5", "max_length: got 12.5, expected an integer >= 1"),
-        ("lr: .nan", "lr: got nan, expected a finite number > 0"),
+        ("learning_rate: .nan", "learning_rate: got nan, expected a finite number > 0"),
         ("agent: {k: 0}", "agent.k: got 0, expected an integer >= 1"),
         ("sources: [{path: x.jsonl, weight: -1}]", "sources[0].weight: got -1, expected a finite number >= 0"),
     ],

@@ -332,9 +332,9 @@ def test_synthetic_world_mixture_is_seeded_and_summarised(world: Path) -> None:
 
 
 def test_config_file_and_overrides(tmp_path: Path) -> None:
-    config = load_sft_config(ROOT / "configs" / "sft_synth.yaml", {"max_steps": "5", "lora.r": "16"})
-    assert config.max_steps == 5 and config.lora.r == 16 and config.sources[0].synth == {"seed": 0}
-    assert config.sources[1].steps is True and config.lr == 5e-6 and config.adam_beta2 == 0.98
+    config = load_sft_config(ROOT / "configs" / "sft_synth.yaml", {"max_steps": "5", "lora_r": "16"})
+    assert config.max_steps == 5 and config.lora_r == 16 and config.sources[0].synth == {"seed": 0}
+    assert config.sources[1].steps is True and config.learning_rate == 5e-6 and config.adam_beta2 == 0.98
     bad = tmp_path / "bad.yaml"
     bad.write_text("sources:\n  - {path: x.jsonl, kind: context_qa, wieght: 2}\n")
     with pytest.raises(ConfigError, match="wieght"):
@@ -355,7 +355,7 @@ def tiny_config(tiny_model_dir: Path, out: Path, **options: Any) -> SFTConfig:
         val_fraction=0.0,
         max_length=256,
         max_steps=2,
-        lr=1e-2,
+        learning_rate=1e-2,
         batch_size=2,
         per_device_batch_size=2,
         warmup_ratio=0.0,
@@ -409,7 +409,7 @@ def test_training_changes_the_weights_and_saves_a_loadable_model(
     from sleuth.train.sft import train_sft
 
     out = tmp_path / "out"
-    options: dict[str, Any] = {"use_lora": True, "lr": 5e-2} if lora else {"val_fraction": 0.2, "eval_steps": 2}
+    options: dict[str, Any] = {"lora": True, "learning_rate": 5e-2} if lora else {"val_fraction": 0.2, "eval_steps": 2}
     train_sft(tiny_config(tiny_model_dir, out, **options))
     before, after = _weights(tiny_model_dir), _weights(out)
     assert before.keys() == after.keys()  # LoRA merged: a plain model again
@@ -432,10 +432,10 @@ def test_training_changes_the_weights_and_saves_a_loadable_model(
 
 @needs_trl
 def test_lora_adapter_mode_saves_the_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from sleuth.train.sft import LoraOptions, train_sft
+    from sleuth.train.sft import train_sft
 
     out = tmp_path / "out"
-    train_sft(tiny_config(tiny_model_dir, out, use_lora=True, lora=LoraOptions(save="adapter"), max_steps=1))
+    train_sft(tiny_config(tiny_model_dir, out, lora=True, lora_save="adapter", max_steps=1))
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
     assert not (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
     from sleuth.llm import load_llm

@@ -106,8 +106,6 @@ RANGES: dict[str, Range] = {
             "max_obs_tokens",
             "max_references",
             "memory_mb",
-            "r",
-            "alpha",
             "lora_r",
             "lora_alpha",
             "patience",
@@ -143,7 +141,6 @@ RANGES: dict[str, Range] = {
     **dict.fromkeys(
         (
             "epochs",
-            "lr",
             "learning_rate",
             "critic_learning_rate",
             "later_learning_rate",
@@ -155,7 +152,7 @@ RANGES: dict[str, Range] = {
         ),
         ABOVE_ZERO,
     ),
-    **dict.fromkeys(("val_fraction", "warmup_ratio", "dropout", "adam_beta1", "adam_beta2"), FRACTION),
+    **dict.fromkeys(("val_fraction", "warmup_ratio", "lora_dropout", "adam_beta1", "adam_beta2"), FRACTION),
     **dict.fromkeys(("gamma", "lam"), UNIT),
     "top_p": Range(0, 1, low_open=True),
     "max_steps": Range(-1),  # trainers: -1 trains for ``epochs``; > 0 stops after this many optimizer steps

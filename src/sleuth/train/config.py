@@ -3,7 +3,11 @@
 Nested mappings fill nested dataclasses (``sampling: {temperature: 1.0}``); unknown keys are errors that name the
 file and the key, so a typo never silently trains with a default, and every value is type- and range-checked
 (:mod:`sleuth.config_check`: ``FILE: KEY: got X, expected Y``) before anything loads. ``overrides``
-(``{"lr": "1e-5"}`` from the command line, dotted keys allowed) are applied after the file.
+(``{"learning_rate": "1e-5"}`` from the command line, dotted keys allowed) are applied after the file.
+
+Renamed options keep loading: a config class's ``renamed`` table (``{"lr": "learning_rate", "lora.r": "lora_r"}``;
+a dotted old key is a key of an old nested mapping) maps each old key to its new field; the old key is accepted
+with a ``DeprecationWarning`` that names the new one (a list given for a new ``str`` field is joined with commas).
 
 >>> from dataclasses import dataclass
 >>> @dataclass
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,10 +52,42 @@ def _flatten(config: Any, mapping: dict[str, Any], prefix: str = "") -> dict[str
     return out
 
 
+def rename_keys(cls: type, mapping: dict[str, Any], source: str = "config") -> dict[str, Any]:
+    """``mapping`` with the old keys of ``cls.renamed`` replaced by their new names, each with a
+    ``DeprecationWarning``; giving both an old key and its new name is an error."""
+    table: dict[str, str] = getattr(cls, "renamed", None) or {}
+    out = dict(mapping)
+    defaults = cls() if table else None
+    for old, new in sorted(table.items(), key=lambda item: "." not in item[0]):  # old nested mappings first
+        head, _, leaf = old.partition(".")
+        if leaf:
+            nested = out.get(head)
+            if not isinstance(nested, dict) or leaf not in nested:
+                continue
+            nested = dict(nested)
+            value = nested.pop(leaf)
+            if nested:
+                out[head] = nested
+            else:
+                del out[head]
+        elif old in out:
+            value = out.pop(old)
+        else:
+            continue
+        if new in out:
+            raise ConfigError(f"{source}: {old!r} is the old name of {new!r}; give only {new!r}")
+        if isinstance(value, list | tuple) and isinstance(getattr(defaults, new, None), str):
+            value = ",".join(str(v) for v in value)
+        warnings.warn(f"{source}: option {old!r} is renamed {new!r}; use {new!r}", DeprecationWarning, stacklevel=3)
+        out[new] = value
+    return out
+
+
 def from_mapping(cls: type[T], mapping: dict[str, Any] | None, source: str = "config") -> T:
-    """``cls`` with ``mapping`` applied (nested dicts into nested dataclasses)."""
+    """``cls`` with ``mapping`` applied (nested dicts into nested dataclasses; old keys renamed, see
+    :func:`rename_keys`)."""
     try:
-        return configure(cls, _flatten(cls(), mapping or {}))
+        return configure(cls, _flatten(cls(), rename_keys(cls, mapping or {}, source)))
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
@@ -80,7 +117,8 @@ def load_config(cls: type[T], path: str | Path | None, overrides: dict[str, Any]
             raise ConfigError(f"{path}: not valid YAML/JSON ({exc})") from None
         if not isinstance(mapping, dict):
             raise ConfigError(f"{path}: expected a mapping of options at the top level")
-    mapping = _merge(mapping, _unflatten(overrides or {}))
+    mapping = rename_keys(cls, mapping, str(path or "config"))
+    mapping = _merge(mapping, rename_keys(cls, _unflatten(overrides or {}), "overrides"))
     return from_mapping(cls, mapping, source=str(path or "overrides"))
 
 

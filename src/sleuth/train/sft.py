@@ -39,7 +39,7 @@ example ids; both go to ``OUTPUT_DIR/data_summary.json`` and are printed. A malf
 Training (:func:`train_sft`) is TRL's ``SFTTrainer`` on the prompt-completion records, so the loss covers the
 assistant completion only; full or LoRA fine-tuning; checkpoints every ``save_steps`` and automatic resumption
 from the last ``OUTPUT_DIR/checkpoint-*``; metrics to ``OUTPUT_DIR/log.jsonl``; the final model and tokenizer in
-``OUTPUT_DIR`` (LoRA merged unless ``lora.save: adapter``). ``accelerate launch`` works unchanged: every process
+``OUTPUT_DIR`` (LoRA merged unless ``lora_save: adapter``). ``accelerate launch`` works unchanged: every process
 builds the same data from the seed, only the main process writes files.
 
 >>> config = load_sft_config("configs/sft_synth.yaml", {"max_steps": "20"})  # doctest: +SKIP
@@ -63,7 +63,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from sleuth.agents.acesearcher import (
     AceSearcherConfig,
@@ -79,11 +79,11 @@ from sleuth.agents.acesearcher_doc import AceSearcherDocConfig, prompt_fields, r
 from sleuth.agents.base import load_prompt, parse_options
 from sleuth.eval.metrics import claim_label, numbers_match
 from sleuth.records import Example, Passage
+from sleuth.train.common import HFTrainConfig, peft_lora_config, training_arguments
 from sleuth.train.config import ConfigError, load_config, to_mapping
 
 __all__ = [
     "KINDS",
-    "LoraOptions",
     "SFTConfig",
     "SFTSource",
     "Skip",
@@ -162,21 +162,7 @@ class SFTSource:
 
 
 @dataclass
-class LoraOptions:
-    """LoRA settings (used when ``SFTConfig.use_lora``). Paper (AceSearcher-32B): r=8, alpha=16; the released
-    32B config uses rank 16 on all linear layers. Dropout is not stated (LLaMA-Factory's default is 0).
-    ``save``: ``"merged"`` writes the merged full model (loadable by ``hf:OUTDIR`` anywhere); ``"adapter"`` writes
-    the adapter only (``hf:OUTDIR`` then needs PEFT and the base model at its recorded path)."""
-
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("all-linear",)
-    save: str = "merged"
-
-
-@dataclass
-class SFTConfig:
+class SFTConfig(HFTrainConfig):
     """Options of ``sleuth train sft``; defaults follow the paper (§3.2, App. F) where it states them.
 
     Data:
@@ -197,8 +183,8 @@ class SFTConfig:
 
     Optimisation (paper §5.1, App. F.1-F.2):
 
-    * ``lr`` 5e-6: the paper's full fine-tuning rate for the 1.5B model (1e-6 for 8B/14B, 1e-5 for 32B LoRA; the
-      released configs use 1e-6 / 2e-6 / 1e-6 / 4e-5).
+    * ``learning_rate`` 5e-6: the paper's full fine-tuning rate for the 1.5B model (1e-6 for 8B/14B, 1e-5 for 32B
+      LoRA; the released configs use 1e-6 / 2e-6 / 1e-6 / 4e-5).
     * ``batch_size`` 64: the global batch. ``gradient_accumulation_steps`` None derives it as
       ``batch_size / (per_device_batch_size * processes)`` (rounded up); a number overrides it.
     * ``epochs`` 1, ``warmup_ratio`` 0.05, AdamW ``adam_beta1`` 0.9 / ``adam_beta2`` 0.98 (paper);
@@ -209,7 +195,24 @@ class SFTConfig:
       weights with bf16 autocast by default). ``gradient_checkpointing`` saves memory at some speed cost.
     * ``save_steps`` / ``save_total_limit``: checkpoints ``OUTPUT_DIR/checkpoint-N``; ``resume`` continues from
       the last one.
+    * ``lora``: LoRA (paper, AceSearcher-32B: ``lora_r`` 8, ``lora_alpha`` 16; the released 32B config uses rank
+      16 on all linear layers; dropout is not stated, LLaMA-Factory's default is 0). ``lora_save``: ``"merged"``
+      writes the merged full model (loadable by ``hf:OUTDIR`` anywhere); ``"adapter"`` writes the adapter only
+      (``hf:OUTDIR`` then needs PEFT and the base model at its recorded path).
+
+    The shared options (and their old spellings, still read with a warning: ``lr``, ``use_lora``, ``lora.r``, ...)
+    are :class:`~sleuth.train.common.HFTrainConfig`'s.
     """
+
+    renamed: ClassVar[dict[str, str]] = {
+        "lr": "learning_rate",
+        "use_lora": "lora",
+        "lora.r": "lora_r",
+        "lora.alpha": "lora_alpha",
+        "lora.dropout": "lora_dropout",
+        "lora.target_modules": "lora_target",
+        "lora.save": "lora_save",
+    }
 
     model: str = "default"  # a local model directory or hub name; "default" is the embedded SmolLM2
     output_dir: str = "runs/sft"
@@ -220,31 +223,22 @@ class SFTConfig:
     context_passages: int = 10
     cot_answer: Literal["boxed", "answer_tag"] = "boxed"
     max_length: int = 2048
-    epochs: float = 1.0
-    max_steps: int = -1
-    lr: float = 5e-6
-    batch_size: int = 64
+    learning_rate: float = 5e-6
     per_device_batch_size: int = 4
     gradient_accumulation_steps: int | None = None
-    warmup_ratio: float = 0.05
     lr_scheduler: str = "cosine"
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
-    weight_decay: float = 0.0
     seed: int = 42
     save_steps: int = 500
     save_total_limit: int | None = 2
     logging_steps: int = 10
     resume: bool = True
-    use_lora: bool = False
-    lora: LoraOptions = field(default_factory=LoraOptions)
-    bf16: bool | None = None
+    lora_save: str = "merged"
     dtype: str = "float32"
     gradient_checkpointing: bool = True
     agent: AceSearcherConfig = field(default_factory=AceSearcherConfig)
     doc_agent: AceSearcherDocConfig = field(default_factory=AceSearcherDocConfig)
-    # curves (sleuth.train.tracking): "tensorboard" (OUT/tb), "wandb", "mlflow", "trackio"; [] or "none": off
-    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self) -> SFTConfig:
         """Check the options and turn ``sources`` mappings (from YAML) into :class:`SFTSource`; returns self."""
@@ -270,8 +264,8 @@ class SFTConfig:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.cot_answer not in ("boxed", "answer_tag"):
             raise ConfigError(f"cot_answer {self.cot_answer!r}; expected 'boxed' or 'answer_tag'")
-        if self.lora.save not in ("merged", "adapter"):
-            raise ConfigError(f"lora.save {self.lora.save!r}; expected 'merged' or 'adapter'")
+        if self.lora_save not in ("merged", "adapter"):
+            raise ConfigError(f"lora_save {self.lora_save!r}; expected 'merged' or 'adapter'")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         for name in ("batch_size", "per_device_batch_size", "save_steps", "logging_steps", "max_length"):
@@ -1207,47 +1201,28 @@ def build_trainer(
     # the curves: TensorBoard events in OUTPUT_DIR/tb (train/loss, train/learning_rate, eval/loss, ...)
     report_to, reporting = hf_reporting(config.report_to, config.output_dir)
     args = TRLConfig(
-        output_dir=config.output_dir,
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps,
-        learning_rate=config.lr,
-        per_device_train_batch_size=config.per_device_batch_size,
-        per_device_eval_batch_size=config.per_device_batch_size,
-        gradient_accumulation_steps=_accumulation(config),
-        warmup_steps=config.warmup_ratio,  # a float < 1 is a fraction of the training steps
-        lr_scheduler_type=config.lr_scheduler,
-        adam_beta1=config.adam_beta1,
-        adam_beta2=config.adam_beta2,
-        weight_decay=config.weight_decay,
-        seed=config.seed,
-        data_seed=config.seed,
-        save_strategy="steps",
-        save_steps=config.save_steps,
-        save_total_limit=config.save_total_limit,
-        logging_steps=config.logging_steps,
-        eval_strategy="steps" if eval_set is not None else "no",
-        eval_steps=config.eval_steps or config.save_steps,
-        bf16=_bf16(config),
-        fp16=False,
-        gradient_checkpointing=config.gradient_checkpointing,
-        max_length=config.max_length,
-        completion_only_loss=True,
-        packing=False,
-        model_init_kwargs={"dtype": config.dtype},
-        report_to=report_to,
-    )
-    peft_config = None
-    if config.use_lora:
-        from peft import LoraConfig
-
-        targets = list(config.lora.target_modules)
-        peft_config = LoraConfig(
-            r=config.lora.r,
-            lora_alpha=config.lora.alpha,
-            lora_dropout=config.lora.dropout,
-            target_modules=targets[0] if targets == ["all-linear"] else targets,
-            task_type="CAUSAL_LM",
+        **training_arguments(
+            config,
+            config.output_dir,
+            per_device_eval_batch_size=config.per_device_batch_size,
+            gradient_accumulation_steps=_accumulation(config),
+            adam_beta1=config.adam_beta1,
+            adam_beta2=config.adam_beta2,
+            save_total_limit=config.save_total_limit,
+            logging_steps=config.logging_steps,
+            eval_strategy="steps" if eval_set is not None else "no",
+            eval_steps=config.eval_steps or config.save_steps,
+            bf16=_bf16(config),
+            fp16=False,
+            gradient_checkpointing=config.gradient_checkpointing,
+            max_length=config.max_length,
+            completion_only_loss=True,
+            packing=False,
+            model_init_kwargs={"dtype": config.dtype},
+            report_to=report_to,
         )
+    )
+    peft_config = peft_lora_config(config) if config.lora else None
     return SFTTrainer(
         model=model_path,
         args=args,
@@ -1261,11 +1236,11 @@ def build_trainer(
 
 def save_final(trainer: Any, config: SFTConfig) -> None:
     """The trained model and tokenizer into ``output_dir``: the full model, the merged LoRA model, or the LoRA
-    adapter alone (``lora.save: adapter``). Merging runs on the main process (not for ZeRO-3/FSDP-sharded runs:
+    adapter alone (``lora_save: adapter``). Merging runs on the main process (not for ZeRO-3/FSDP-sharded runs:
     save the adapter there and merge afterwards)."""
     out = config.output_dir
     trainer.accelerator.wait_for_everyone()
-    if config.use_lora and config.lora.save == "merged":
+    if config.lora and config.lora_save == "merged":
         if trainer.args.should_save:
             model = trainer.accelerator.unwrap_model(trainer.model)
             merged = model.merge_and_unload()
@@ -1312,8 +1287,8 @@ def train_sft(config: SFTConfig, callbacks: Sequence[Any] = ()) -> Path:
 def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[str] | None = None) -> Path:
     """``sleuth train sft --config CFG [--set key=value ...]``: load the config and run :func:`train_sft`.
 
-    ``overrides`` is a mapping or ``"key=value"`` strings (dotted keys reach nested options: ``lora.r=16``,
-    ``agent.prompts=code``).
+    ``overrides`` is a mapping or ``"key=value"`` strings (dotted keys reach nested options: ``agent.prompts=code``;
+    old option names such as ``lr`` or ``lora.r`` are still read, with a warning).
     """
     try:
         options = parse_options(overrides)
