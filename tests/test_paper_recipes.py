@@ -172,7 +172,8 @@ def test_acesearcher_sft_recipe_one_step(tmp_path: Path, tiny_llama: Path) -> No
         "logging_steps": 1,
     }
     config = load_recipe(SFTConfig, "acesearcher_sft.yaml", overrides).validate()
-    assert [s.kind for s in config.sources] == ["released"] and config.learning_rate == 1e-6 and config.adam_beta2 == 0.98
+    assert [s.kind for s in config.sources] == ["released"]
+    assert config.learning_rate == 1e-6 and config.adam_beta2 == 0.98
     # data: the released LLaMA-Factory record shapes (alpaca, sharegpt) from a local file instead of the hub
     rows = [
         {"instruction": f"Please break down the question {i}.", "input": "", "output": f"### Q1: Who is {i}?"}
