@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -509,94 +511,94 @@ def assets_verify() -> None:
         raise typer.Exit(code=1)
 
 
-@train_app.command("sft")
-def train_sft_command(
-    config: Annotated[Path, typer.Option(help="SFT config (YAML/JSON); see configs/sft_synth.yaml.")],
-    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
-) -> None:
-    """AceSearcher Stage I: fine-tune on decomposition, context-QA and reasoning records (resumes after a kill)."""
-    from sleuth.train.config import ConfigError
-    from sleuth.train.sft import main
-
-    try:
-        out = main(config, _options(option))
-    except ConfigError as exc:
-        _fail(str(exc), CONFIG_ERROR)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
-    console.print(f"model saved to [bold]{out}[/] (use --llm hf:{out})")
+def _summary_text(summary: object) -> str:
+    return summary if isinstance(summary, str) else json.dumps(summary, indent=2, default=str)[:4000]
 
 
-@train_app.command("acesearcher")
-def train_acesearcher_command(
-    config: Annotated[Path, typer.Option(help="mDPO config (YAML/JSON); see configs/mdpo_synth.yaml.")],
-    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
-) -> None:
-    """AceSearcher Stage II: iterative DPO (mDPO) on sampled decompositions, sub-answers and final answers."""
-    from sleuth.train.config import ConfigError
-    from sleuth.train.mdpo import main
+@dataclass(frozen=True)
+class Trainer:
+    """One ``sleuth train NAME`` command: ``module`` holds ``main(config_path, overrides)`` (imported when the
+    command runs) and the config class ``config_class``; ``help`` is the command's help, ``config_help`` the
+    ``--config`` option's, ``done`` turns main's result into the line printed at the end."""
 
-    try:
-        summary = main(config, _options(option))
-    except ConfigError as exc:
-        _fail(str(exc), CONFIG_ERROR)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
-    console.print(summary if isinstance(summary, str) else json.dumps(summary, indent=2, default=str)[:4000])
+    name: str
+    module: str
+    config_class: str
+    help: str
+    config_help: str
+    done: Callable[[object], str] = _summary_text
 
 
-@train_app.command("exsearch")
-def train_exsearch_command(
-    config: Annotated[Path, typer.Option(help="EM config (YAML/JSON); see configs/exsearch_synth.yaml.")],
-    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
-) -> None:
-    """ExSearch: warm-up SFT, then generalized EM (sample trajectories, weight by p(gold | trajectory), re-train)."""
-    from sleuth.train.config import ConfigError
-    from sleuth.train.exsearch_em import main
+TRAINERS: tuple[Trainer, ...] = (
+    Trainer(
+        "sft",
+        "sleuth.train.sft",
+        "SFTConfig",
+        "AceSearcher Stage I: fine-tune on decomposition, context-QA and reasoning records (resumes after a kill).",
+        "SFT config (YAML/JSON); see configs/sft_synth.yaml.",
+        lambda out: f"model saved to [bold]{out}[/] (use --llm hf:{out})",
+    ),
+    Trainer(
+        "acesearcher",
+        "sleuth.train.mdpo",
+        "MDPOConfig",
+        "AceSearcher Stage II: iterative DPO (mDPO) on sampled decompositions, sub-answers and final answers.",
+        "mDPO config (YAML/JSON); see configs/mdpo_synth.yaml.",
+    ),
+    Trainer(
+        "exsearch",
+        "sleuth.train.exsearch_em",
+        "EMConfig",
+        "ExSearch: warm-up SFT, then generalized EM (sample trajectories, weight by p(gold | trajectory), re-train).",
+        "EM config (YAML/JSON); see configs/exsearch_synth.yaml.",
+    ),
+    Trainer(
+        "arena",
+        "sleuth.train.arena_rl",
+        "ArenaRLConfig",
+        "ARENA: GRPO of the evidence-citing reader (format + EM + relevance + bonus rewards, KL to the start).",
+        "ARENA GRPO config (YAML/JSON); see configs/arena_grpo.yaml.",
+    ),
+    Trainer(
+        "s3",
+        "sleuth.train.s3_rl",
+        "S3RLConfig",
+        "s3: train the searcher by PPO or GRPO on Gain Beyond RAG; the generator stays frozen.",
+        "s3 RL config (YAML/JSON); see configs/s3_ppo.yaml.",
+    ),
+)
 
-    try:
-        summary = main(config, _options(option))
-    except ConfigError as exc:
-        _fail(str(exc), CONFIG_ERROR)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
-    console.print(json.dumps(summary, indent=2, default=str)[:4000])
+
+def _train_command(trainer: Trainer) -> None:
+    """Register ``sleuth train NAME`` for ``trainer``: load the config, run, exit 2 on a config error and 1 on a
+    missing file or a bad value."""
+
+    def command(config: Path, option: list[str] | None = None) -> None:
+        import importlib
+
+        from sleuth.train.config import ConfigError
+
+        main = importlib.import_module(trainer.module).main
+        try:
+            result = main(config, _options(option))
+        except ConfigError as exc:
+            _fail(str(exc), CONFIG_ERROR)
+        except (FileNotFoundError, ValueError) as exc:
+            _fail(str(exc))
+        console.print(trainer.done(result))
+
+    command.__annotations__ = {
+        "config": Annotated[Path, typer.Option(help=trainer.config_help)],
+        "option": Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)],
+        "return": None,
+    }
+    command.__name__ = f"train_{trainer.name}_command"
+    command.__doc__ = trainer.help
+    train_app.command(trainer.name)(command)
 
 
-@train_app.command("arena")
-def train_arena_command(
-    config: Annotated[Path, typer.Option(help="ARENA GRPO config (YAML/JSON); see configs/arena_grpo.yaml.")],
-    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
-) -> None:
-    """ARENA: GRPO of the evidence-citing reader (format + EM + relevance + bonus rewards, KL to the start)."""
-    from sleuth.train.arena_rl import main
-    from sleuth.train.config import ConfigError
-
-    try:
-        summary = main(config, _options(option))
-    except ConfigError as exc:
-        _fail(str(exc), CONFIG_ERROR)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
-    console.print(json.dumps(summary, indent=2, default=str)[:4000])
-
-
-@train_app.command("s3")
-def train_s3_command(
-    config: Annotated[Path, typer.Option(help="s3 RL config (YAML/JSON); see configs/s3_ppo.yaml.")],
-    option: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
-) -> None:
-    """s3: train the searcher by PPO or GRPO on Gain Beyond RAG; the generator stays frozen."""
-    from sleuth.train.config import ConfigError
-    from sleuth.train.s3_rl import main
-
-    try:
-        summary = main(config, _options(option))
-    except ConfigError as exc:
-        _fail(str(exc), CONFIG_ERROR)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
-    console.print(json.dumps(summary, indent=2, default=str)[:4000])
+for _trainer in TRAINERS:
+    _train_command(_trainer)
 
 
 if __name__ == "__main__":

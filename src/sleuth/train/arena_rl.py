@@ -19,7 +19,6 @@ Examples without supporting passages among their references cannot be scored for
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from sleuth.agents.arena import ArenaConfig
 from sleuth.agents.base import escape_observation, parse_options
 from sleuth.llm import Sampling
 from sleuth.records import Example, Trace
+from sleuth.train.common import with_sampling
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
 from sleuth.train.tokens import observation_segments
@@ -87,9 +87,7 @@ class ArenaTask(Task):
         self.config = config
 
     def agent_config(self, config: RLConfig) -> Any:
-        agent = self.config.agent
-        sampling = dataclasses.replace(agent.sampling, temperature=config.temperature, top_p=config.top_p)
-        return dataclasses.replace(agent, sampling=sampling)
+        return with_sampling(self.config.agent, config.temperature, config.top_p)
 
     def context(self, llm: Any, agent_config: Any) -> Context:
         return Context(llm=llm, retriever=None, config=agent_config)

@@ -16,6 +16,7 @@ template with ``{model}`` (``vllm:{model}?tensor_parallel=2``).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -23,13 +24,15 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from sleuth.agents import Context
 from sleuth.eval.metrics import score_example
 from sleuth.llm import LLM
 from sleuth.records import Example
 from sleuth.retrieval import Retriever
+
+A = TypeVar("A")
 
 __all__ = [
     "DataConfig",
@@ -53,6 +56,7 @@ __all__ = [
     "seed_all",
     "serves",
     "training_arguments",
+    "with_sampling",
     "write_json",
 ]
 
@@ -141,6 +145,12 @@ class WorldConfig(DataConfig):
     engine: str = "hf"
     concurrency: int = 64
     progress: bool = True
+
+
+def with_sampling(agent: A, temperature: float, top_p: float) -> A:
+    """The agent config ``agent`` (a dataclass with a frozen ``sampling``) sampling at ``temperature`` / ``top_p``."""
+    sampling = dataclasses.replace(agent.sampling, temperature=temperature, top_p=top_p)  # type: ignore[attr-defined]
+    return dataclasses.replace(agent, sampling=sampling)  # type: ignore[type-var]
 
 
 def training_arguments(config: HFTrainConfig, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:

@@ -103,6 +103,7 @@ from sleuth.train.common import (
     seed_all,
     serves,
     training_arguments,
+    with_sampling,
     write_json,
 )
 from sleuth.train.config import ConfigError, load_config, to_mapping
@@ -200,8 +201,7 @@ class EMConfig(HFTrainConfig, WorldConfig):
         engine_spec(self, Path("MODEL"))
 
     def rollout_agent(self) -> ExSearchConfig:
-        sampling = dataclasses.replace(self.agent.sampling, temperature=self.temperature, top_p=self.top_p)
-        return dataclasses.replace(self.agent, sampling=sampling)
+        return with_sampling(self.agent, self.temperature, self.top_p)
 
 
 # ---------------------------------------------------------------------------------------------------------------

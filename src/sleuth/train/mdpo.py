@@ -87,6 +87,7 @@ from sleuth.train.common import (
     seed_all,
     serves,
     training_arguments,
+    with_sampling,
     write_json,
 )
 from sleuth.train.config import ConfigError, load_config, to_mapping
@@ -226,8 +227,7 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
 
     def rollout_agent(self) -> AceSearcherConfig:
         """The agent config of the sampled runs: ``agent`` with the rollout temperature and top_p."""
-        sampling = dataclasses.replace(self.agent.sampling, temperature=self.temperature, top_p=self.top_p)
-        return dataclasses.replace(self.agent, sampling=sampling)
+        return with_sampling(self.agent, self.temperature, self.top_p)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -33,7 +33,6 @@ before RL with :func:`~sleuth.train.exsearch_em.train_weighted` (observations ma
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import re
@@ -49,7 +48,7 @@ from sleuth.agents.s3 import S3Config, task_question
 from sleuth.llm import LLM, ReplayLLM, Request
 from sleuth.records import Example, Passage, Trace
 from sleuth.retrieval import Retriever
-from sleuth.train.common import DataConfig, prepare_data
+from sleuth.train.common import DataConfig, prepare_data, with_sampling
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
 from sleuth.train.tokens import observation_segments
@@ -140,9 +139,7 @@ class S3Task(Task):
         self.judge = judge
 
     def agent_config(self, config: RLConfig) -> Any:
-        agent = self.config.agent
-        sampling = dataclasses.replace(agent.sampling, temperature=config.temperature, top_p=config.top_p)
-        return dataclasses.replace(agent, sampling=sampling)
+        return with_sampling(self.config.agent, config.temperature, config.top_p)
 
     def context(self, llm: Any, agent_config: Any) -> Context:
         return Context(llm=llm, retriever=self.retriever, config=agent_config, roles={"generator": self.generator})
