@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sleuth.llm.base import _BACKENDS, LLMError, Request, Sampling, parse_spec
+from sleuth.llm.base import _BACKENDS, LLMError, Request, Sampling, Score, parse_spec
 from sleuth.llm.openai_compat import OpenAICompatLLM
 
 SUFFIX = " STOP and more <s5> tail"  # every normal answer ends with this, so stop strings have something to cut
@@ -68,6 +68,8 @@ def _toy_tokens(text: str) -> list[str]:
 def _ok_reply(server: ScriptedServer, path: str, body: dict[str, Any]) -> dict[str, Any]:
     if body.get("echo"):
         return _echo_reply(server, body)
+    if body.get("prompt_logprobs") is not None and server.logprobs:
+        return _prompt_logprobs_reply(body)
     n = int(body.get("n", 1))
     count = n if server.max_choices is None else min(n, server.max_choices)
     chat = path.endswith("/chat/completions")
@@ -105,6 +107,16 @@ def _echo_reply(server: ScriptedServer, body: dict[str, Any]) -> dict[str, Any]:
         else None
     )
     return {"choices": [choice], "usage": {"prompt_tokens": len(tokens) - 1, "completion_tokens": 1}}
+
+
+def _prompt_logprobs_reply(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM-style ``prompt_logprobs`` for a token-id prompt: None for the first id, then ``{str(id): {logprob,
+    rank, decoded_token}}`` with the toy value ``-id / 100`` for each id."""
+    ids = body["prompt"]
+    entries: list[Any] = [None]
+    entries += [{str(i): {"logprob": -i / 100, "rank": 1, "decoded_token": chr(i)}} for i in ids[1:]]
+    choice = {"index": 0, "text": "G", "finish_reason": "length", "logprobs": None, "prompt_logprobs": entries}
+    return {"choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": 1}}
 
 
 def _make_handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
@@ -423,6 +435,91 @@ def test_score_errors(server: ScriptedServer) -> None:
     server.logprobs = False
     with pytest.raises(LLMError, match="does not support echo logprobs"):
         run(_score_and_close(llm, "hi", " there"))
+
+
+class ToyTokenizer:
+    """One token per character (its code point), a ``<role>content`` chat template, BOS id 1."""
+
+    chat_template = "toy"
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, str]],
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+    ) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [chr(i) for i in ids]
+
+
+def test_score_with_the_tokenizer_sends_token_ids_and_sums_the_completion_ids(server: ScriptedServer) -> None:
+    llm = OpenAICompatLLM("test-model", server.url, score_tokenizer=ToyTokenizer())
+    messages = [{"role": "user", "content": "hi"}]
+    score = run(_score_and_close(llm, messages, "ok"))
+    assert score.tokens == ["o", "k"]
+    assert score.token_logprobs == [-ord("o") / 100, -ord("k") / 100]
+    assert score.logprob == pytest.approx(-(ord("o") + ord("k")) / 100)
+    sent = server.received[0]
+    assert sent.path == "/v1/completions"
+    # the prompt tokenized as the hf backend does (chat template + generation prompt, no special tokens added),
+    # the completion tokenized apart: the boundary is exact whatever a BPE would merge across it
+    assert sent.body["prompt"] == [ord(c) for c in "<user>hi<assistant>"] + [ord("o"), ord("k")]
+    assert sent.body["prompt_logprobs"] == 0 and sent.body["max_tokens"] == 1 and "echo" not in sent.body
+    score = run(_score_and_close(llm, "ab", "c"))  # a string prompt keeps the tokenizer's special tokens
+    assert server.received[1].body["prompt"] == [1, ord("a"), ord("b"), ord("c")]
+    assert score.token_logprobs == [-ord("c") / 100]
+    assert run(_score_and_close(llm, messages, "")).token_logprobs == []
+    assert len(server.received) == 2
+
+
+def test_score_with_the_tokenizer_on_a_server_without_prompt_logprobs(server: ScriptedServer) -> None:
+    server.logprobs = False
+    llm = OpenAICompatLLM("test-model", server.url, score_tokenizer=ToyTokenizer())
+    with pytest.raises(LLMError, match="does not support prompt_logprobs"):
+        run(_score_and_close(llm, [{"role": "user", "content": "hi"}], "ok"))
+
+
+class _HFStandIn(OpenAICompatLLM):
+    """Counts the scores the hf fallback was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__("hf-stand-in", "http://127.0.0.1:9/v1")
+        self.scored = 0
+
+    async def score(self, prompt: Any, completion: str) -> Any:
+        self.scored += 1
+        return Score(logprob=-1.0, token_logprobs=[-1.0], tokens=["x"])
+
+
+def test_exsearch_scores_on_an_engine_that_can_else_on_hf(server: ScriptedServer) -> None:
+    from sleuth.train.exsearch_em import EngineAndScorer
+
+    def both(engine: OpenAICompatLLM, on_engine: bool = True) -> tuple[EngineAndScorer, _HFStandIn]:
+        hf = _HFStandIn()
+        return EngineAndScorer(engine, lambda: hf, on_engine), hf
+
+    messages = [{"role": "user", "content": "hi"}]
+    llm, hf = both(OpenAICompatLLM("test-model", server.url, score_tokenizer=ToyTokenizer()))
+    assert llm.scores_on_engine and llm.scorer_name() == "engine"
+    assert run(llm.score(messages, "ok")).tokens == ["o", "k"] and hf.scored == 0 and llm.scorer is None
+    probes = len(server.received)
+    llm, hf = both(OpenAICompatLLM("test-model", server.url, score_tokenizer=ToyTokenizer()), on_engine=False)
+    assert llm.scorer_name() == "hf" and run(llm.score(messages, "ok")).logprob == -1.0 and hf.scored == 1
+    llm, hf = both(OpenAICompatLLM("test-model", server.url))  # no tokenizer: chat prompts cannot be scored
+    assert llm.scorer_name() == "hf" and run(llm.score(messages, "ok")).logprob == -1.0
+    assert len(server.received) == probes  # neither asked the server
+    server.logprobs = False  # a tokenizer, but a server without prompt_logprobs: refused once, then hf
+    llm, hf = both(OpenAICompatLLM("test-model", server.url, score_tokenizer=ToyTokenizer()))
+    assert not llm.scores_on_engine and "prompt_logprobs" in (llm.engine_refused or "")
+    assert llm.scorer_name().startswith("hf (the engine cannot score")
+    assert run(llm.score(messages, "ok")).logprob == -1.0 and hf.scored == 1
 
 
 # ------------------------------------------------------------------------------------------------ deadlines

@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -88,7 +89,9 @@ FAKE_SERVER = textwrap.dedent(
                 text = "echo: " + body["messages"][-1]["content"]
                 choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
             else:
-                choice = {"index": 0, "text": "echo: " + body["prompt"], "finish_reason": "stop"}
+                prompt = body["prompt"]  # token ids are echoed as numbers; no logprobs of any kind
+                prompt = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+                choice = {"index": 0, "text": "echo: " + prompt, "finish_reason": "stop"}
             self._send(200, {"choices": [choice], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
 
         def log_message(self, *a):
@@ -498,6 +501,56 @@ def test_real_vllm_greedy_answers_equal_hf(real_vllm) -> None:
     agree = sum(a == b for a, b in zip(served, local, strict=True))
     sys.stderr.write(f"\ngreedy agreement vLLM vs hf: {agree}/{len(PROMPTS)}\n")
     assert served == local
+
+
+#: (prompt, completion) pairs for the scoring comparison: chat prompts (the E-step's), a continued assistant turn,
+#: and string prompts whose boundary a BPE would merge if prompt and completion were tokenized together.
+SCORE_PAIRS: list[tuple[Any, str]] = [
+    ([{"role": "user", "content": "What is the capital of France?"}], "The capital of France is Paris."),
+    (
+        [
+            {"role": "system", "content": "Answer with a short phrase."},
+            {"role": "user", "content": "Who wrote Hamlet?\n<search>Hamlet author</search>"},
+        ],
+        "William Shakespeare",
+    ),
+    (
+        [{"role": "user", "content": "Name a red fruit."}, {"role": "assistant", "content": "A red fruit is the str"}],
+        "awberry.",
+    ),
+    ("The quick brown fox jumps over the la", "zy dog"),  # "la" + "zy" would be " lazy" tokenized together
+    ("Hello wor", "ld, how are you?"),
+    ("1234", "5678"),
+]
+
+
+@pytest.mark.vllm
+def test_real_vllm_score_equals_hf_score(real_vllm) -> None:
+    """The server's token-exact score (prompt_logprobs on the ids hf scores) is hf's, to float32 kernel noise."""
+    from sleuth.llm.hf import HFLLM
+
+    hf = load_llm("default")
+    assert isinstance(hf, HFLLM) and real_vllm.score_tokenizer() is not None
+
+    async def both() -> list[tuple[Any, Any]]:
+        served = await asyncio.gather(*(real_vllm.score(p, c) for p, c in SCORE_PAIRS))
+        local = [await hf.score(p, c) for p, c in SCORE_PAIRS]
+        return list(zip(served, local, strict=True))
+
+    worst_token, worst_relative = 0.0, 0.0
+    for (prompt, completion), (served, local) in zip(SCORE_PAIRS, asyncio.run(both()), strict=True):
+        assert served.tokens == local.tokens, (prompt, completion)
+        deltas = [abs(a - b) for a, b in zip(served.token_logprobs, local.token_logprobs, strict=True)]
+        worst_token = max(worst_token, *deltas)
+        worst_relative = max(worst_relative, abs(served.logprob - local.logprob) / max(abs(local.logprob), 1e-9))
+        # per token |delta| < 2e-4, so the sum's |delta| < 2e-4 x tokens (measured on SmolLM2, float32, the 2-core
+        # CPU: worst per-token |delta| 1.9e-5, worst relative delta of a sum 2.2e-6; tokens identical in every pair)
+        assert max(deltas) < 2e-4, (prompt, completion, served.token_logprobs, local.token_logprobs)
+        assert abs(served.logprob - local.logprob) < 2e-4 * len(deltas), (prompt, completion)
+    sys.stderr.write(
+        f"\nscore vLLM vs hf: worst per-token |delta| {worst_token:.2e}, worst relative delta of the sum "
+        f"{worst_relative:.2e} over {len(SCORE_PAIRS)} pairs\n"
+    )
 
 
 @pytest.mark.vllm

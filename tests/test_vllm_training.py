@@ -130,6 +130,7 @@ def test_exsearch_samples_on_the_server_and_scores_on_hf(
     assert estep["sampling_engine"]["backend"] == "VLLMServerLLM"
     assert estep["sampling_engine"] == base["engine"]  # the base model's evaluation server sampled the E-step
     # best-of ranks the server's candidates with the hf scorer: the stand-in server cannot score at all
+    assert estep["scorer"].startswith("hf (the engine cannot score: LLMError"), estep["scorer"]
     assert estep["best_of"]["applied"] and estep["best_of"]["scored"] > 0
     assert estep["best_of"]["mean_logprob_kept"] is not None and math.isfinite(estep["best_of"]["mean_logprob_kept"])
     rollouts = (out / "iter0" / "rollouts" / "rollouts.jsonl").read_text()

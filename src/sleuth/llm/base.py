@@ -236,6 +236,22 @@ def load_llm(spec: str | None = None) -> LLM:
     return llm
 
 
+def encode_prompt(tokenizer: Any, prompt: Messages | str, name: str = "the model") -> list[int]:
+    """Token ids of a prompt with a transformers ``tokenizer``: a string is tokenized as is (with the tokenizer's
+    own special tokens); chat messages get the chat template and the generation prompt, or continue a final
+    assistant turn in place. The ``hf`` backend and the ``openai``/``vllm`` backends' token-exact :meth:`LLM.score`
+    both use it, so a score means the same on either."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt)["input_ids"])
+    if not tokenizer.chat_template:
+        raise LLMError(f"{name} has no chat template; send raw prompts (Request(prompt=...)) instead")
+    if prompt and prompt[-1]["role"] == "assistant":  # a prefilled assistant turn is continued in place
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, continue_final_message=True)
+    else:
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def truncate_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
     """Cut ``text`` before the earliest stop string; return the text and whether a stop string was found."""
     cut = min((i for s in stop if s and (i := text.find(s)) >= 0), default=-1)

@@ -30,6 +30,7 @@ from sleuth.llm.base import (
     Request,
     Sampling,
     Score,
+    encode_prompt,
     register_backend,
     truncate_at_stop,
 )
@@ -139,15 +140,7 @@ class HFLLM(LLM):
     # ----------------------------------------------------------------------------------------------- prompts
     def encode_prompt(self, prompt: Messages | str) -> list[int]:
         """Token ids of a prompt: chat messages get the chat template and the generation prompt."""
-        if isinstance(prompt, str):
-            return self.tokenizer(prompt)["input_ids"]
-        if not self.tokenizer.chat_template:
-            raise LLMError(f"{self.path} has no chat template; send raw prompts (Request(prompt=...)) instead")
-        if prompt and prompt[-1]["role"] == "assistant":  # a prefilled assistant turn is continued in place
-            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, continue_final_message=True)
-        else:
-            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return encode_prompt(self.tokenizer, prompt, self.path)
 
     # ----------------------------------------------------------------------------------------------- generate
     async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:

@@ -35,9 +35,14 @@ stop string or ignore the extras. When a server returns fewer than ``n`` choices
 requests are made until there are ``n`` texts; a set ``seed`` is advanced by the number of texts already held so
 the extra samples differ.
 
-:meth:`OpenAICompatLLM.score` needs a server that implements ``echo`` with ``logprobs`` on ``/completions`` (vLLM
-does; the OpenAI API and many others do not). It takes a formatted prompt *string*: chat messages are refused,
-because the chat template lives on the server and the character offsets of the completion are then unknown.
+:meth:`OpenAICompatLLM.score` has two ways. With the served model's tokenizer (``score_tokenizer``; a ``vllm:``
+backend loads it from the model's directory) it is token-exact and takes chat messages: the prompt is formatted and
+tokenized as the ``hf`` backend does (:func:`~sleuth.llm.base.encode_prompt`), the completion tokenized apart, and
+the token ids go to ``/completions`` with ``prompt_logprobs=0`` (vLLM's extension), so the completion's log-prob
+is summed over exactly the ids the ``hf`` backend scores. Without a tokenizer it needs a server that implements
+``echo`` with ``logprobs`` on ``/completions`` (vLLM does; the OpenAI API and many others do not) and a formatted
+prompt *string*: chat messages are refused, because the chat template lives on the server and the character
+offsets of the completion are then unknown.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from sleuth.llm.base import (
     Request,
     Sampling,
     Score,
+    encode_prompt,
     register_backend,
     truncate_at_stop,
 )
@@ -103,6 +109,7 @@ class OpenAICompatLLM(LLM):
         max_retries: int = 5,
         backoff: float = 0.5,
         key_env: str = "OPENAI_API_KEY",
+        score_tokenizer: Any = None,
     ) -> None:
         super().__init__()
         if not model:
@@ -131,6 +138,7 @@ class OpenAICompatLLM(LLM):
         self.backoff = backoff
         self.key_env = key_env
         self.spec = f"openai:{model}@{base_url}"
+        self._score_tokenizer = score_tokenizer
         # The client and the semaphore belong to one event loop; they are rebuilt when another loop calls us
         # (asyncio.run may be called several times in one process).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,14 +160,26 @@ class OpenAICompatLLM(LLM):
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    async def score(self, prompt: Messages | str, completion: str) -> Score:
-        """Log-probability of ``completion`` after the prompt string, from the server's echoed logprobs.
+    def score_tokenizer(self) -> Any | None:
+        """The served model's transformers tokenizer, when known: :meth:`score` is then token-exact and takes chat
+        messages. None here unless given to the constructor (a ``vllm:`` backend loads its model's)."""
+        return self._score_tokenizer
 
-        Uses ``POST {base}/completions`` with ``echo`` and ``logprobs``; chat messages are refused (pass the
+    async def score(self, prompt: Messages | str, completion: str) -> Score:
+        """Log-probability of ``completion`` after ``prompt``: the sum of the completion tokens' log-probs.
+
+        With :meth:`score_tokenizer` (see the module docstring) the prompt (chat messages get the chat template and
+        the generation prompt) and the completion are tokenized separately, as the ``hf`` backend does, and the
+        server returns the log-prob of every id (``prompt_logprobs``): the same quantity as ``hf``'s ``score``.
+
+        Without it, ``POST {base}/completions`` with ``echo`` and ``logprobs``; chat messages are refused (pass the
         prompt already formatted with the model's chat template), and a server without echo logprobs raises
         :class:`LLMError`. Tokens are assigned to the completion by their character offset, so a token that
         straddles the prompt/completion boundary counts as prompt.
         """
+        tokenizer = self.score_tokenizer()
+        if tokenizer is not None:
+            return await self._score_ids(tokenizer, prompt, completion)
         if not isinstance(prompt, str):
             raise LLMError(
                 "score() with chat messages needs a local backend or a server-side chat template; "
@@ -207,6 +227,47 @@ class OpenAICompatLLM(LLM):
             picked_tokens.append(encodable(str(token)))
             picked_values.append(float(value))
         return Score(logprob=sum(picked_values), token_logprobs=picked_values, tokens=picked_tokens)
+
+    async def _score_ids(self, tokenizer: Any, prompt: Messages | str, completion: str) -> Score:
+        """:meth:`score` on token ids: ``prompt_logprobs=0`` returns, for every prompt position after the first,
+        the log-prob of the id actually there (the sampled token of ``max_tokens=1`` is not used)."""
+        self.stats.requests += 1
+        prompt_ids = encode_prompt(tokenizer, prompt, self.model)
+        completion_ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"])
+        if not completion_ids:
+            return Score(logprob=0.0, token_logprobs=[], tokens=[])
+        if not prompt_ids:
+            raise LLMError("score() needs a non-empty prompt: the first token has no log-probability")
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt_ids + completion_ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+        }
+        url = self._url("completions")
+        data = await self._post(url, body)
+        choices = self._choices(data, url)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            self.stats.prompt_tokens += _int(usage.get("prompt_tokens"))
+        entries = choices[0].get("prompt_logprobs")
+        if not isinstance(entries, list) or len(entries) != len(prompt_ids) + len(completion_ids):
+            got = f"{len(entries)} entries" if isinstance(entries, list) else _snippet(entries)
+            raise LLMError(
+                f"{url}: the server does not support prompt_logprobs on token ids (expected choices[0]."
+                f"prompt_logprobs with {len(prompt_ids) + len(completion_ids)} entries, got {got}); token-exact "
+                "score() needs a server such as vLLM"
+            )
+        values: list[float] = []
+        for token, entry in zip(completion_ids, entries[len(prompt_ids) :], strict=True):
+            found = entry.get(str(token)) if isinstance(entry, dict) else None
+            value = found.get("logprob") if isinstance(found, dict) else None
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise LLMError(f"{url}: no prompt logprob for completion token id {token} in {_snippet(entry)}")
+            values.append(float(value))
+        tokens = [encodable(str(t)) for t in tokenizer.convert_ids_to_tokens(completion_ids)]
+        return Score(logprob=sum(values), token_logprobs=values, tokens=tokens)
 
     async def aclose(self) -> None:
         """Close the HTTP client (a client left from a finished event loop is just dropped)."""

@@ -66,6 +66,11 @@ Options:
     Passed to the ``openai`` backend. ``concurrency`` defaults to what the server batches at once
     (``max_num_seqs``: vLLM's default is 128 per CPU rank and 256 on most GPUs). The timeouts are longer than the
     openai backend's because a local server's queue, not the network, is what a request waits for.
+
+Scoring. When the served model is a local directory (a server sleuth started, or ``url=`` with a directory as
+``PATH_OR_NAME``), :meth:`~sleuth.llm.openai_compat.OpenAICompatLLM.score` loads its tokenizer (``--tokenizer`` in
+``args`` wins) and is token-exact: chat messages are formatted as the ``hf`` backend formats them and the server
+returns the log-prob of each completion token id (``prompt_logprobs``), the same quantity as ``hf``'s ``score``.
 """
 
 from __future__ import annotations
@@ -715,6 +720,22 @@ class VLLMServerLLM(OpenAICompatLLM):
         super().__init__(model, base_url, **client)
         self.server = server
         self._stop = weakref.finalize(self, server.stop) if server is not None else None
+        self._tokenizer_looked = False
+
+    def score_tokenizer(self) -> Any | None:
+        """The served model's tokenizer, loaded on first use from its local directory (``--tokenizer`` in the
+        server's extra args wins); None when the model is not a local directory."""
+        if self._score_tokenizer is None and not self._tokenizer_looked:
+            self._tokenizer_looked = True
+            extra = self.server.config.extra_args if self.server is not None else []
+            named = [extra[i + 1] for i, arg in enumerate(extra[:-1]) if arg == "--tokenizer"]
+            named += [arg.split("=", 1)[1] for arg in extra if arg.startswith("--tokenizer=")]
+            path = named[-1] if named else self.model
+            if Path(path).is_dir():
+                from transformers import AutoTokenizer
+
+                self._score_tokenizer = AutoTokenizer.from_pretrained(path)
+        return self._score_tokenizer
 
     def close(self) -> None:
         """Stop the server this backend started (nothing for an attached server); idempotent."""
