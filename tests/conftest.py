@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +86,37 @@ def fake_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "site"}" exec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
     return str(python)
+
+
+def model_params(path: Path) -> dict[str, Any]:
+    """A copy of every weight of the transformers model in ``path``, by name."""
+    from transformers import AutoModelForCausalLM
+
+    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+
+
+def two_process_rl_config(model_dir: Path, out: Path, algorithm: str, **overrides: Any) -> Any:
+    """The RLConfig the one-process vs two-process comparisons train (tests/test_online_rl.py, tests/test_fsdp.py):
+    a fast rate, both KL terms by algorithm, an entropy bonus, one micro-batch per pass; ``overrides`` on top."""
+    import dataclasses
+
+    from sleuth.train.online_rl import RLConfig
+
+    config = RLConfig(
+        model=str(model_dir),
+        output_dir=str(out),
+        algorithm=algorithm,  # type: ignore[arg-type]
+        steps=1,
+        prompts_per_step=3,
+        group_size=2 if algorithm == "grpo" else 1,
+        micro_batch=1,
+        learning_rate=1e-3,
+        critic_learning_rate=1e-3,
+        beta=0.04 if algorithm == "grpo" else 0.0,
+        kl_coef=0.01 if algorithm == "ppo" else 0.0,
+        entropy_coef=0.01,
+        save_steps=1,
+        temperature=1.0,
+        progress=False,
+    )
+    return dataclasses.replace(config, **overrides)

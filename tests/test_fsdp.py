@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from sleuth.train.online_rl import RLConfig
+from tests.conftest import model_params, two_process_rl_config
 
 _SCRIPT = '''
 import json, os, sys
@@ -84,36 +85,13 @@ _TWO = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_
 
 def _config(tiny_model_dir: Path, out: Path, algorithm: str, **overrides: Any) -> RLConfig:
     # 3 questions over 2 processes: one process has more micro-batches than the other (idle passes)
-    config = RLConfig(
-        model=str(tiny_model_dir),
-        output_dir=str(out),
-        algorithm=algorithm,  # type: ignore[arg-type]
-        steps=1,
-        prompts_per_step=3,
-        group_size=2 if algorithm == "grpo" else 1,
-        micro_batch=1,
-        learning_rate=1e-3,
-        critic_learning_rate=1e-3,
-        beta=0.04 if algorithm == "grpo" else 0.0,
-        kl_coef=0.01 if algorithm == "ppo" else 0.0,
-        entropy_coef=0.01,
-        save_steps=1,
-        temperature=1.0,
-        progress=False,
-    )
-    return dataclasses.replace(config, **overrides)
+    return two_process_rl_config(tiny_model_dir, out, algorithm, **overrides)
 
 
 def _run(launcher: list[str], script: Path, config: RLConfig, **env: str) -> subprocess.CompletedProcess[str]:
     args = json.dumps(dataclasses.asdict(config))
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     return subprocess.run([*launcher, str(script), args], env=full_env, capture_output=True, text=True, timeout=900)
-
-
-def _params(path: Path) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
-    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
 
 
 def _close(a: dict[str, Any], b: dict[str, Any], atol: float = 1e-4) -> tuple[bool, float]:
@@ -161,7 +139,7 @@ def test_two_sharded_processes_hold_half_and_make_the_update_of_one_process(
     done = _run(_TWO, script, two, COUNT_SHARDS="1")
     assert done.returncode == 0, done.stderr[-6000:]
 
-    base = _params(tiny_model_dir)
+    base = model_params(tiny_model_dir)
     total = sum(v.numel() for v in base.values())
     counts = [json.loads((tmp_path / "two" / f"shards-{r}.json").read_text()) for r in range(2)]
     for name in counts[0]:
@@ -171,7 +149,7 @@ def test_two_sharded_processes_hold_half_and_make_the_update_of_one_process(
             assert sum(local) == whole, (name, local, whole)  # every parameter in exactly one shard
         assert all(0.4 <= n / sum(local) <= 0.6 for n in local), (name, local)  # about half each
 
-    a, b = _params(tmp_path / "one" / "model"), _params(tmp_path / "two" / "model")
+    a, b = model_params(tmp_path / "one" / "model"), model_params(tmp_path / "two" / "model")
     assert not _close(base, a, atol=1e-6)[0]  # the step moved the weights
     ok, worst = _close(a, b)
     assert ok, worst
@@ -211,7 +189,8 @@ def test_a_killed_sharded_run_resumes_to_the_same_weights_and_exports_for_hf(
     assert done.returncode == 0, done.stderr[-6000:]
     steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "log.jsonl").read_text().splitlines()]
     assert steps == [0, 1]
-    ok, worst = _close(_params(tmp_path / "whole" / "model"), _params(tmp_path / "killed" / "model"), atol=1e-6)
+    whole, killed = model_params(tmp_path / "whole" / "model"), model_params(tmp_path / "killed" / "model")
+    ok, worst = _close(whole, killed, atol=1e-6)
     assert ok, worst  # policy (and its optimizer state, which the second step used) restored
     c1 = _sharded_critic(tmp_path / "whole" / "checkpoint", tmp_path / "c1.pt")
     c2 = _sharded_critic(checkpoint, tmp_path / "c2.pt")
@@ -220,7 +199,7 @@ def test_a_killed_sharded_run_resumes_to_the_same_weights_and_exports_for_hf(
 
     llm = load_llm(f"hf:{tmp_path / 'killed' / 'model'}")
     assert type(llm).__name__ == "HFLLM"
-    base, exported = _params(tiny_model_dir), _params(tmp_path / "killed" / "model")
+    base, exported = model_params(tiny_model_dir), model_params(tmp_path / "killed" / "model")
     assert exported.keys() == base.keys()
 
 
@@ -247,7 +226,8 @@ def test_a_sharded_lora_policy_makes_the_update_of_one_process_and_resumes(
         local = [c[name] for c in counts]
         assert all(0.4 <= n / sum(local) <= 0.6 for n in local), (name, local)
 
-    base, a, b = _params(tiny_model_dir), _params(tmp_path / "one" / "model"), _params(tmp_path / "two" / "model")
+    base = model_params(tiny_model_dir)
+    a, b = model_params(tmp_path / "one" / "model"), model_params(tmp_path / "two" / "model")
     assert a.keys() == base.keys()  # merged: a plain transformers model
     assert not _close(base, a, atol=1e-6)[0]
     ok, worst = _close(a, b)
@@ -262,7 +242,7 @@ def test_a_sharded_lora_policy_makes_the_update_of_one_process_and_resumes(
     assert json.loads((tmp_path / "killed" / "checkpoint" / "state.json").read_text())["step"] == 1
     done = _run(_TWO, script, killed)
     assert done.returncode == 0, done.stderr[-6000:]
-    ok, worst = _close(b, _params(tmp_path / "killed" / "model"), atol=1e-6)
+    ok, worst = _close(b, model_params(tmp_path / "killed" / "model"), atol=1e-6)
     assert ok, worst  # the adapter and its optimizer state restored from the shards
 
 

@@ -19,6 +19,7 @@ from sleuth.llm import Sampling
 from sleuth.records import Example, Trace
 from sleuth.train import online_rl
 from sleuth.train.online_rl import Episode, RLConfig, Task, train_online
+from tests.conftest import model_params, two_process_rl_config
 
 
 class DirectTask(Task):
@@ -75,12 +76,6 @@ def _config(tmp_path: Path, tiny_model_dir: Path, **overrides: Any) -> RLConfig:
     return dataclasses.replace(config, **overrides)
 
 
-def _params(path: Path) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
-    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
-
-
 def test_equal_rewards_give_zero_advantages_and_leave_the_policy_unchanged(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -90,7 +85,7 @@ def test_equal_rewards_give_zero_advantages_and_leave_the_policy_unchanged(
     train_online(config, DirectTask(lambda t: 1.0), _examples())
     log = [json.loads(line) for line in (tmp_path / "rl" / "log.jsonl").read_text().splitlines()]
     assert log[0]["advantage_abs"] == 0.0 and log[0]["reward"] == 1.0
-    before, after = _params(tiny_model_dir), _params(tmp_path / "rl" / "model")
+    before, after = model_params(tiny_model_dir), model_params(tmp_path / "rl" / "model")
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
@@ -99,7 +94,7 @@ def test_different_rewards_change_the_policy_and_log_every_term(tmp_path: Path, 
 
     config = _config(tmp_path, tiny_model_dir, beta=0.04, kl="arena")
     summary = train_online(config, DirectTask(lambda t: float(len(t.answer or "") % 3)), _examples())
-    before, after = _params(tiny_model_dir), _params(tmp_path / "rl" / "model")
+    before, after = model_params(tiny_model_dir), model_params(tmp_path / "rl" / "model")
     assert any(not torch.equal(before[k], after[k]) for k in before)
     last = summary["last"]
     for key in ("reward", "reward/score", "kl", "entropy", "clip_fraction", "grad_norm", "response_tokens"):
@@ -174,10 +169,10 @@ def test_ppo_trains_a_separate_critic_from_the_base_model(tmp_path: Path, tiny_m
     assert not (checkpoint / "value_head.pt").exists() and (checkpoint / "critic_optimizer.pt").exists()
     critic = _critic_params(checkpoint)
     assert float(critic["head.bias"].abs()) > 0  # the value head (initialised at zero) learned
-    base = _params(tiny_model_dir)
+    base = model_params(tiny_model_dir)
     # once the head is off zero (after the first optimizer step that sees a return), the gradient reaches the backbone
     assert any(not torch.equal(v, base[f"model.{k}"]) for k, v in critic.items() if not k.startswith("head."))
-    policy = _params(tmp_path / "rl" / "model")
+    policy = model_params(tmp_path / "rl" / "model")
     assert any(not torch.equal(base[k], policy[k]) for k in base)
     last = summary["last"]
     assert last["actor_updated"] is True and last["critic_lr"] == pytest.approx(1e-2) and last["lr"] == 1e-2
@@ -220,7 +215,7 @@ def test_during_the_critic_warmup_only_the_critic_learns(tmp_path: Path, tiny_mo
 
     config = _ppo(tmp_path, tiny_model_dir, steps=1, critic_warmup_steps=1)
     summary = train_online(config, FixedTask(), _examples())
-    base, policy = _params(tiny_model_dir), _params(tmp_path / "rl" / "model")
+    base, policy = model_params(tiny_model_dir), model_params(tmp_path / "rl" / "model")
     assert all(torch.equal(base[k], policy[k]) for k in base)  # not one weight of the policy moved
     optimizer = torch.load(tmp_path / "rl" / "checkpoint" / "optimizer.pt", weights_only=True)
     assert optimizer["state"] == {}  # the actor's optimizer never stepped
@@ -237,10 +232,10 @@ def test_the_policy_update_is_independent_of_the_critics_learning(tmp_path: Path
     def policy_after(name: str, **overrides: Any) -> dict[str, Any]:
         config = _ppo(tmp_path, tiny_model_dir, output_dir=str(tmp_path / name), **overrides)
         train_online(config, FixedTask(), _examples())
-        return _params(tmp_path / name / "model")
+        return model_params(tmp_path / name / "model")
 
     fast, frozen = policy_after("fast", critic_learning_rate=1e-2), policy_after("frozen", critic_learning_rate=0.0)
-    assert any(not torch.equal(fast[k], v) for k, v in _params(tiny_model_dir).items())
+    assert any(not torch.equal(fast[k], v) for k, v in model_params(tiny_model_dir).items())
     assert all(torch.equal(fast[k], frozen[k]) for k in fast)
     # (the head starts at zero, so the value gradient reaches the backbone from the second mini-batch on)
     weighted = policy_after("shared", critic="shared_head", vf_coef=1.0)
@@ -267,7 +262,7 @@ def test_a_resumed_ppo_run_restores_the_critic_and_its_optimizer(tmp_path: Path,
     assert [float(s["step"]) for s in opt_b["state"].values()] == [2.0] * len(opt_b["state"])  # not restarted
     for k, state in opt_a["state"].items():
         assert torch.allclose(state["exp_avg_sq"], opt_b["state"][k]["exp_avg_sq"], atol=1e-9)
-    pa, pb = _params(tmp_path / "straight" / "model"), _params(tmp_path / "resumed" / "model")
+    pa, pb = model_params(tmp_path / "straight" / "model"), model_params(tmp_path / "resumed" / "model")
     assert all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
 
 
@@ -567,31 +562,17 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
         ("one", [sys.executable]),
         ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]),
     ]:
-        config = _config(
-            tmp_path,
-            tiny_model_dir,
-            output_dir=str(tmp_path / name),
-            algorithm=algorithm,
-            steps=2,
-            prompts_per_step=4,
-            group_size=2 if algorithm == "grpo" else 1,
-            micro_batch=1,
-            learning_rate=1e-3,
-            critic_learning_rate=1e-3,
-            beta=0.04 if algorithm == "grpo" else 0.0,
-            kl_coef=0.01 if algorithm == "ppo" else 0.0,
-            entropy_coef=0.01,
-            save_steps=2,
+        config = two_process_rl_config(
+            tiny_model_dir, tmp_path / name, algorithm, steps=2, prompts_per_step=4, save_steps=2, **variant
         )
-        config = dataclasses.replace(config, **variant)
         args = json.dumps(dataclasses.asdict(config))
         done = subprocess.run([*launcher, str(script), args], env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         runs[name] = tmp_path / name
     parallelism = {n: json.loads((d / "summary.json").read_text())["parallelism"] for n, d in runs.items()}
     assert parallelism == {"one": "none", "two": "ddp"}
-    one, two = _params(runs["one"] / "model"), _params(runs["two"] / "model")
-    base = _params(tiny_model_dir)
+    one, two = model_params(runs["one"] / "model"), model_params(runs["two"] / "model")
+    base = model_params(tiny_model_dir)
     assert any(not torch.allclose(base[k], one[k], atol=1e-4) for k in base)  # training moved the weights
     # float summation order differs; Adam magnifies it where a gradient is near its eps (updates are 1e-3 per step)
     assert all(torch.allclose(one[k], two[k], atol=1e-4) for k in one), max(
@@ -794,10 +775,10 @@ def test_gradient_checkpointing_recomputes_activations_without_changing_the_upda
         out = tmp_path / f"checkpointing-{on}"
         config = _ppo(tmp_path, tiny_model_dir, output_dir=str(out), gradient_checkpointing=on, steps=2)
         train_online(config, FixedTask(), _examples())
-        runs[on] = (_params(out / "model"), _critic_params(out / "checkpoint"))
+        runs[on] = (model_params(out / "model"), _critic_params(out / "checkpoint"))
     for plain, recomputed in zip(runs[False], runs[True], strict=True):
         assert all(torch.allclose(plain[k], recomputed[k], atol=1e-6) for k in plain)
-    assert any(not torch.equal(runs[True][0][k], v) for k, v in _params(tiny_model_dir).items())
+    assert any(not torch.equal(runs[True][0][k], v) for k, v in model_params(tiny_model_dir).items())
 
 
 class _OneParameterPolicy:

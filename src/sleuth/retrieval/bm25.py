@@ -15,7 +15,6 @@ the first unfinished chunk. Only the final bm25s scoring needs all token ids at 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
@@ -37,7 +36,7 @@ from sleuth.retrieval.base import (
     read_manifest,
     register_retriever,
 )
-from sleuth.retrieval.building import BuildReport, corpus_identity, write_atomic
+from sleuth.retrieval.building import BuildReport, corpus_identity, swap_in, write_atomic
 from sleuth.retrieval.store import PassageStore, passage_line
 
 FORMAT_VERSION = 1
@@ -190,17 +189,7 @@ def build_bm25_index(
     if state["passages"] == 0:
         raise RetrievalError(f"no passages read from {corpus} ({reader.summary()})")
     _finalize(work, chunk_index, tokenizer.vocab, params, corpus, reader.format, state)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(work, out)
-    return BuildReport(
-        passages=state["passages"],
-        skipped=state["skipped"],
-        resumed_chunks=resumed,
-        seconds=time.time() - started,
-        index_dir=out,
-        skipped_messages=state["errors"],
-    )
+    return swap_in(work, out, started, state["passages"], state["skipped"], resumed, state["errors"])
 
 
 def _finalize(

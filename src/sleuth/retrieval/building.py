@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,3 +35,29 @@ class BuildReport:
     index_dir: Path
     skipped_messages: list[str]
     resumed_embeddings: int = 0
+
+
+def swap_in(
+    work: Path,
+    out: Path,
+    started: float,
+    passages: int,
+    skipped: int,
+    resumed_chunks: int,
+    skipped_messages: list[str],
+    resumed_embeddings: int = 0,
+) -> BuildReport:
+    """Replace ``out`` by the finished build in ``work`` (a rename; an old index there is removed first) and report
+    the build, which began at ``started`` (``time.time()``)."""
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(work, out)
+    return BuildReport(
+        passages=passages,
+        skipped=skipped,
+        resumed_chunks=resumed_chunks,
+        seconds=time.time() - started,
+        index_dir=out,
+        skipped_messages=skipped_messages,
+        resumed_embeddings=resumed_embeddings,
+    )

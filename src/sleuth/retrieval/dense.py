@@ -49,7 +49,7 @@ from sleuth.retrieval.base import (
     read_manifest,
     register_retriever,
 )
-from sleuth.retrieval.building import BuildReport, corpus_identity, write_atomic
+from sleuth.retrieval.building import BuildReport, corpus_identity, swap_in, write_atomic
 from sleuth.retrieval.store import OFFSETS, PASSAGES, PassageStore, passage_line
 
 if TYPE_CHECKING:
@@ -395,18 +395,7 @@ def build_dense_index(
     state_path.unlink()  # from here on a killed build restarts from scratch rather than resume a finished dir
     if not keep_embeddings:
         (work / EMBEDDINGS).unlink()
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(work, out)
-    return BuildReport(
-        passages=n,
-        skipped=state["skipped"],
-        resumed_chunks=resumed_chunks,
-        seconds=time.time() - started,
-        index_dir=out,
-        skipped_messages=state["errors"],
-        resumed_embeddings=resumed_embeddings,
-    )
+    return swap_in(work, out, started, n, state["skipped"], resumed_chunks, state["errors"], resumed_embeddings)
 
 
 def _read_passages(

@@ -13,7 +13,6 @@ Index directory layout::
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from sleuth.retrieval.base import (
     read_manifest,
     register_retriever,
 )
-from sleuth.retrieval.building import BuildReport, corpus_identity, write_atomic
+from sleuth.retrieval.building import BuildReport, corpus_identity, swap_in, write_atomic
 
 if TYPE_CHECKING:
     from sleuth.retrieval.bm25 import BM25Params
@@ -204,17 +203,8 @@ def build_hybrid_index(
     }
     (work / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2))
     state_path.unlink()
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(work, out)
-    return BuildReport(
-        passages=manifest["passages"],
-        skipped=manifest["skipped_lines"],
-        resumed_chunks=resumed,
-        seconds=time.time() - started,
-        index_dir=out,
-        skipped_messages=messages,
-        resumed_embeddings=resumed_embeddings,
+    return swap_in(
+        work, out, started, manifest["passages"], manifest["skipped_lines"], resumed, messages, resumed_embeddings
     )
 
 

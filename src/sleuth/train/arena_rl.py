@@ -28,11 +28,11 @@ from typing import Any, Literal
 
 from sleuth.agents import Context
 from sleuth.agents.arena import ArenaConfig
-from sleuth.agents.base import escape_observation, parse_options
+from sleuth.agents.base import escape_observation
 from sleuth.llm import Sampling
 from sleuth.records import Example, Trace
 from sleuth.train.common import with_sampling
-from sleuth.train.config import ConfigError, load_config, to_mapping
+from sleuth.train.config import load_config, to_mapping
 from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
 from sleuth.train.tokens import observation_segments
 
@@ -174,8 +174,4 @@ def train_arena(config: ArenaRLConfig) -> dict[str, Any]:
 
 def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[str] | None = None) -> dict[str, Any]:
     """``sleuth train arena --config cfg.yaml [--set key=value]``."""
-    try:
-        options = parse_options(overrides)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return train_arena(load_config(ArenaRLConfig, config_path, options))
+    return train_arena(load_config(ArenaRLConfig, config_path, overrides))

@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sleuth.agents.base import configure
+from sleuth.agents.base import configure, parse_options
 
 T = TypeVar("T")
 
@@ -92,8 +93,13 @@ def from_mapping(cls: type[T], mapping: dict[str, Any] | None, source: str = "co
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def load_config(cls: type[T], path: str | Path | None, overrides: dict[str, Any] | None = None) -> T:
-    """Read ``path`` (YAML or JSON) into ``cls``, then apply ``overrides``."""
+def load_config(cls: type[T], path: str | Path | None, overrides: dict[str, Any] | Sequence[str] | None = None) -> T:
+    """Read ``path`` (YAML or JSON) into ``cls``, then apply ``overrides`` (a mapping, or ``"key=value"`` strings
+    as ``--set`` gives them)."""
+    try:
+        overrides = parse_options(overrides)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     mapping: dict[str, Any] = {}
     if path is not None:
         path = Path(path)

@@ -67,7 +67,6 @@ from typing import Any, Literal
 
 from sleuth.agents import Context
 from sleuth.agents.acesearcher import GIVEN_DECOMPOSITION, AceSearcherConfig
-from sleuth.agents.base import parse_options
 from sleuth.eval.metrics import accuracy, claim_accuracy, exact_match, f1_score, normalize_answer, score_example
 from sleuth.llm import LLM
 from sleuth.records import Example, Step, Trace
@@ -90,7 +89,7 @@ from sleuth.train.common import (
     with_sampling,
     write_json,
 )
-from sleuth.train.config import ConfigError, load_config, to_mapping
+from sleuth.train.config import load_config, to_mapping
 from sleuth.train.rollouts import STORE_MANIFEST, Rollout, RolloutStore, collect, model_revision
 from sleuth.train.tracking import Tracker, hf_reporting
 
@@ -1129,8 +1128,4 @@ def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[st
 
     ``overrides``: a mapping or ``"key=value"`` strings; dotted keys reach nested options (``agent.k=5``).
     """
-    try:
-        options = parse_options(overrides)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return train_mdpo(load_config(MDPOConfig, config_path, options))
+    return train_mdpo(load_config(MDPOConfig, config_path, overrides))

@@ -43,13 +43,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sleuth.agents import Context
-from sleuth.agents.base import escape_observation, parse_options
+from sleuth.agents.base import escape_observation
 from sleuth.agents.s3 import S3Config, task_question
 from sleuth.llm import LLM, ReplayLLM, Request
 from sleuth.records import Example, Passage, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train.common import DataConfig, prepare_data, with_sampling
-from sleuth.train.config import ConfigError, load_config, to_mapping
+from sleuth.train.config import load_config, to_mapping
 from sleuth.train.online_rl import DataParallel, Episode, RLConfig, Task, train_online
 from sleuth.train.tokens import observation_segments
 
@@ -553,8 +553,4 @@ def warm_start_searcher(
 
 def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[str] | None = None) -> dict[str, Any]:
     """``sleuth train s3 --config cfg.yaml [--set key=value]``."""
-    try:
-        options = parse_options(overrides)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return train_s3(load_config(S3RLConfig, config_path, options))
+    return train_s3(load_config(S3RLConfig, config_path, overrides))

@@ -76,7 +76,7 @@ from sleuth.agents.acesearcher import (
     subanswer_prompt,
 )
 from sleuth.agents.acesearcher_doc import AceSearcherDocConfig, prompt_fields, rank_chunks, with_table_context
-from sleuth.agents.base import load_prompt, parse_options
+from sleuth.agents.base import load_prompt
 from sleuth.eval.metrics import claim_label, numbers_match
 from sleuth.records import Example, Passage
 from sleuth.train.common import HFTrainConfig, peft_lora_config, training_arguments
@@ -289,7 +289,7 @@ class SFTConfig(HFTrainConfig):
         return self.model
 
 
-def load_sft_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> SFTConfig:
+def load_sft_config(path: str | Path | None, overrides: dict[str, Any] | Sequence[str] | None = None) -> SFTConfig:
     """Read a YAML/JSON config file (unknown keys are errors), apply ``--set`` overrides, validate."""
     return load_config(SFTConfig, path, overrides).validate()
 
@@ -1290,8 +1290,4 @@ def main(config_path: str | Path | None, overrides: dict[str, Any] | Sequence[st
     ``overrides`` is a mapping or ``"key=value"`` strings (dotted keys reach nested options: ``agent.prompts=code``;
     old option names such as ``lr`` or ``lora.r`` are still read, with a warning).
     """
-    try:
-        options = parse_options(overrides)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return train_sft(load_sft_config(config_path, options))
+    return train_sft(load_sft_config(config_path, overrides))
