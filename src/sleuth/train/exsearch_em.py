@@ -42,11 +42,14 @@ documents and the finalization instruction are masked (``-100``), see :func:`wei
 
 Sampling and evaluation run on ``engine`` (``hf``, ``vllm`` or a ``vllm:{model}?...`` template, as in
 :mod:`sleuth.train.mdpo`: a vLLM server sleuth starts on θ(t), kept from θ(t)'s dev evaluation, stopped before the
-M-step). Scoring (``best_of`` and the weights) stays on the ``hf:`` backend of θ(t) with ``llm_options``: vLLM's
-``score`` goes through ``/v1/completions`` with echoed prompt log-probabilities, which takes a formatted prompt
-string, not the chat messages the weights are defined on (:class:`EngineAndScorer`). With ``best_of > 1`` both are
-loaded during the E-step (on a GPU give the server room: ``gpu_memory_utilization`` in the engine spec); with
-``best_of = 1`` the server is stopped before the scorer loads. ``estep.json`` records which engine sampled.
+M-step). Scoring (``best_of`` and the weights) runs on that server too (``score_on_engine``, default true): its
+``score`` formats the chat messages and tokenizes as the ``hf`` backend does and reads the completion tokens'
+log-probs from ``/v1/completions`` (``prompt_logprobs`` on token ids), the same values as ``hf`` (tested to
+float32 kernel noise, ``tests/test_vllm_server.py``); the server is then stopped after the weights. With
+``score_on_engine: false``, or a server that cannot score chat prompts, scoring is on the ``hf:`` backend of θ(t)
+with ``llm_options`` (:class:`EngineAndScorer`): with ``best_of > 1`` both are loaded during the E-step (on a GPU
+give the server room: ``gpu_memory_utilization`` in the engine spec); with ``best_of = 1`` the server is stopped
+before the scorer loads. ``estep.json`` records which engine sampled and which scored.
 
 After each M-step θ(t+1) answers the dev questions greedily (EM / F1); training stops early when dev EM has not
 improved for ``patience`` iterations and ``best_model`` in the summary names the best one.
@@ -152,7 +155,8 @@ class EMConfig(HFTrainConfig, WorldConfig):
     output_dir: str = "runs/exsearch-em"
     train_limit: int | None = None  # E-step questions per iteration (None: all)
     dev_limit: int | None = 100  # dev questions for early stopping (0: none, then no early stopping)
-    llm_options: str = ""  # options of the hf: backend (sampling and evaluation with engine=hf; scoring always)
+    llm_options: str = ""  # options of the hf: backend (sampling and evaluation with engine=hf; hf scoring)
+    score_on_engine: bool = True  # a vLLM engine also scores p(y | x, z) (best_of, weights); false: the hf: backend
     agent: ExSearchConfig = field(default_factory=ExSearchConfig)  # evaluation uses it as is (greedy)
     # Warm-up [paper §4.5: 1,000 GPT-4o-written HotpotQA trajectories; here FireAct ReAct + synthetic gold]
     warmup: bool = True
@@ -515,17 +519,28 @@ class BestOfLLM(LLM):
 
 
 class EngineAndScorer(LLM):
-    """Generates with ``engine`` (a vLLM server) and scores with an ``hf:`` backend made by ``load_scorer`` on the
+    """Generates with ``engine`` (a vLLM server) and scores on it when ``on_engine`` and it scores chat prompts
+    token-exactly (a ``score_tokenizer``: a ``vllm:`` server on a local model, the same values as ``hf``; probed
+    once here, a refusal is kept in ``engine_refused``); else with an ``hf:`` backend made by ``load_scorer`` on the
     first :meth:`score` (so a run that never scores while sampling does not hold both). :meth:`stop_engine` stops
-    the server once sampling is done; :meth:`close` releases both."""
+    the server once sampling (and, when it scores, the scoring) is done; :meth:`close` releases both."""
 
-    def __init__(self, engine: LLM, load_scorer: Callable[[], LLM]) -> None:
+    def __init__(self, engine: LLM, load_scorer: Callable[[], LLM], on_engine: bool = True) -> None:
         super().__init__()
         self.engine: LLM | None = engine
         self.load_scorer = load_scorer
         self.scorer: LLM | None = None
         self.spec = engine.spec
         self.engine_info = engine.describe()
+        tokenizer = getattr(engine, "score_tokenizer", None)
+        self.scores_on_engine = on_engine and callable(tokenizer) and tokenizer() is not None
+        self.engine_refused: str | None = None
+        if self.scores_on_engine:
+            try:
+                asyncio.run(engine.score([{"role": "user", "content": "Hello"}], "Hello"))
+            except Exception as exc:  # a server without prompt_logprobs: hf scores
+                self.scores_on_engine = False
+                self.engine_refused = f"{type(exc).__name__}: {exc}"[:300]
 
     async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
         if self.engine is None:
@@ -533,9 +548,17 @@ class EngineAndScorer(LLM):
         return await self.engine.generate(requests, sampling)
 
     async def score(self, prompt: Any, completion: str) -> Any:
+        if self.scores_on_engine and self.engine is not None:
+            return await self.engine.score(prompt, completion)
         if self.scorer is None:
             self.scorer = self.load_scorer()
         return await self.scorer.score(prompt, completion)
+
+    def scorer_name(self) -> str:
+        """Where :meth:`score` runs: ``engine`` (the server) or ``hf`` (with why the engine does not score)."""
+        if self.scores_on_engine:
+            return "engine"
+        return f"hf (the engine cannot score: {self.engine_refused})" if self.engine_refused else "hf"
 
     def special_tokens(self) -> tuple[str, ...]:
         return self.engine.special_tokens() if self.engine is not None else super().special_tokens()
@@ -551,7 +574,7 @@ class EngineAndScorer(LLM):
 
     def describe(self) -> dict[str, Any]:
         scorer = self.scorer.describe() if self.scorer is not None else None
-        return {**self.engine_info, "scorer": scorer}
+        return {**self.engine_info, "scorer": "engine" if self.scores_on_engine else scorer}
 
 
 def best_of_sampler(llm: LLM, best_of: int, sampling: Sampling) -> tuple[LLM, dict[str, Any]]:
@@ -1056,7 +1079,8 @@ def _em(
                 rollout_agent = config.rollout_agent()
                 engine = engines.open(policy)
                 sampling_engine = engine_record(engine)
-                llm = EngineAndScorer(engine, scorer_for(policy)) if split else engine
+                llm = EngineAndScorer(engine, scorer_for(policy), config.score_on_engine) if split else engine
+                scorer = llm.scorer_name() if isinstance(llm, EngineAndScorer) else "engine"
                 sampler, best_of = best_of_sampler(llm, config.best_of, rollout_agent.sampling)
                 producer = {
                     "method": METHOD,
@@ -1079,7 +1103,7 @@ def _em(
                 if isinstance(sampler, BestOfLLM):
                     best_of.update(sampler.report())
                 seconds["sampling"] = time.perf_counter() - started
-                if isinstance(llm, EngineAndScorer):
+                if isinstance(llm, EngineAndScorer) and not llm.scores_on_engine:
                     llm.stop_engine()  # before the scorer loads (when best_of did not load it already)
                 started = time.perf_counter()
                 records, info = build_weighted_records(store, llm, config)
@@ -1088,7 +1112,8 @@ def _em(
                 del llm, engine, ctx, sampler
                 free_memory()
                 _write_jsonl(weighted, records)
-                estep = {**info, "best_of": best_of, "sampling_engine": sampling_engine, "seconds": seconds}
+                estep = {**info, "best_of": best_of, "sampling_engine": sampling_engine, "scorer": scorer}
+                estep["seconds"] = seconds
                 write_json(it / "estep.json", estep)
             records = _read_jsonl(weighted)
             info = json.loads((it / "estep.json").read_text())
