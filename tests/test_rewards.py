@@ -28,13 +28,8 @@ from sleuth.train.rewards import (
     filter_training_examples,
     gain_beyond_rag,
     generation_accuracy,
-    make_trl_arena_rewards,
     precompute_naive_rag,
     s3_reward,
-    trl_arena_accuracy,
-    trl_arena_bonus,
-    trl_arena_format,
-    trl_arena_relevance,
 )
 from tests.scripted import ListRetriever, ScriptedLLM, passages
 
@@ -170,23 +165,6 @@ def test_relevant_ids_are_the_agents_reference_numbers() -> None:
     assert arena_reward(trace.steps[-1].output or "", example.answers, arena_relevant_ids(example))["total"] == 13.0
 
 
-def test_trl_batch_forms_take_strings_or_messages_and_the_columns() -> None:
-    completions = [GOOD, [{"role": "assistant", "content": arena_text(relevance="[1]", answer="Paris")}], " " + GOOD]
-    prompts = ["p"] * 3
-    answers = [["Warsaw"], ["Warsaw"], "Warsaw"]
-    relevant_ids = [[1, 3], [1, 3], [1, 3]]
-    assert trl_arena_format(prompts, completions) == [1.0, 1.0, 0.0]
-    assert trl_arena_accuracy(prompts, completions, answers=answers, trainer_state=None) == [1.0, 0.0, 1.0]
-    assert trl_arena_relevance(prompts, completions, relevant_ids=relevant_ids) == [1.0, 0.5, 1.0]
-    assert trl_arena_bonus(prompts, completions, answers=answers, relevant_ids=relevant_ids) == [10.0, 0.0, 0.0]
-
-    fmt, acc, rel, bonus = make_trl_arena_rewards("f1", bonus=2.0)
-    assert len({f.__name__ for f in (fmt, acc, rel, bonus)}) == 4  # TRL logs rewards by function name
-    half = [arena_text(answer="red fox")]
-    assert acc(["p"], half, answers=[["red fox jumps"]]) == [pytest.approx(0.8)]  # P = 1, R = 2/3: 2*(2/3)/(5/3)
-    assert bonus(["p"], [GOOD], answers=[["Warsaw"]], relevant_ids=[[1, 3]]) == [2.0]
-
-
 def test_arena_judge_parse_and_reward() -> None:
     assert [arena_judge_score(r) for r in ["Yes.", "no", "No, yes", "I guess yes", "not sure", "hmm"]] == [
         1.0,
@@ -205,18 +183,6 @@ def test_arena_judge_parse_and_reward() -> None:
     assert len(judge_llm.prompts) == 2
     assert judge_llm.prompts[0].startswith("system: You are an intelligent AI assistant.")  # ARENA's LJ prompt
     assert "['Warszawa']" in judge_llm.prompts[0]
-
-    # TRL form: the accuracy and bonus functions share one judge call per completion.
-    judge_llm.prompts.clear()
-    _, acc, _, bonus = make_trl_arena_rewards("judge", judge=judge_llm)
-
-    async def both() -> tuple[list[float], list[float]]:
-        kwargs = {"answers": [["Warszawa"]], "relevant_ids": [[1, 3]]}
-        a, b = await asyncio.gather(acc(["p"], [GOOD], **kwargs), bonus(["p"], [GOOD], **kwargs))
-        return a, b
-
-    assert asyncio.run(both()) == ([1.0], [10.0])
-    assert len(judge_llm.prompts) == 1
 
 
 # ------------------------------------------------------------------------------------------------------ s3

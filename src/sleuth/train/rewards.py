@@ -1,8 +1,7 @@
 """Reward functions of the RL-trained methods: ARENA's adaptive reward and s3's Gain Beyond RAG.
 
-Plain functions over one completion or one Trace, so that any trainer can call them: ``sleuth``'s own GRPO loop
-(:mod:`sleuth.train.arena_rl`) or TRL's ``GRPOTrainer`` through the batch forms, whose signature is TRL's
-``(prompts, completions, **columns) -> list[float]``.
+Plain functions over one completion or one Trace, so that any trainer can call them (``sleuth``'s own GRPO/PPO
+loop: :mod:`sleuth.train.arena_rl`, :mod:`sleuth.train.s3_rl`).
 
 ARENA (research/arena.md §4, §5): format (the official regex) + accuracy (EM of ``<answer>``, ARENA's
 normalisation; F1 or an LLM judge as the paper's variants) + relevance (1 for exactly the supporting references,
@@ -21,7 +20,7 @@ import hashlib
 import json
 import math
 import os
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,20 +60,14 @@ __all__ = [
     "generation_accuracy",
     "generator_accuracy",
     "generator_answer",
-    "make_trl_arena_rewards",
     "precompute_naive_rag",
     "s3_reward",
-    "trl_arena_accuracy",
-    "trl_arena_bonus",
-    "trl_arena_format",
-    "trl_arena_relevance",
 ]
 
 ARENA_BONUS = 10.0
 ArenaAccuracy = Literal["em", "f1"]
 GenAccMetric = Literal["genacc", "span", "judge", "em"]
 GbrVariant = Literal["paper", "code"]
-RewardFn = Callable[..., Any]
 
 # ---------------------------------------------------------------------------------------------------------------
 # The LLM judge, as both methods use it
@@ -224,147 +217,6 @@ def arena_relevant_ids(example: Example, max_references: int | None = None) -> s
     references = example.context if max_references is None else example.context[:max_references]
     supporting = set(example.supporting_ids)
     return {i for i, p in enumerate(references, 1) if p.id in supporting}
-
-
-# TRL batch forms (arena.md §4.3). TRL calls each reward function with keyword arguments: ``prompts``,
-# ``completions`` (strings, or message lists in the conversational format), and every dataset column.
-
-
-def _completion_text(completion: Any) -> str:
-    """A completion as TRL passes it: a string, or a list of messages whose last one is the assistant's."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Mapping):
-        return str(completion.get("content") or "")
-    if isinstance(completion, Sequence) and completion:
-        last = completion[-1]
-        return str(last.get("content") or "") if isinstance(last, Mapping) else str(last)
-    return ""
-
-
-def _golds(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else list(value or [])
-
-
-def trl_arena_format(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
-    """Batch R_format; needs no column."""
-    return [arena_format_reward(_completion_text(c)) for c in completions]
-
-
-def trl_arena_accuracy(
-    prompts: Sequence[Any], completions: Sequence[Any], answers: Sequence[Any], **columns: Any
-) -> list[float]:
-    """Batch R_acc (EM). Column ``answers``: each row's gold aliases (a list of strings, or one string)."""
-    return [arena_accuracy_reward(_completion_text(c), _golds(a)) for c, a in zip(completions, answers, strict=True)]
-
-
-def trl_arena_relevance(
-    prompts: Sequence[Any], completions: Sequence[Any], relevant_ids: Sequence[Iterable[int]], **columns: Any
-) -> list[float]:
-    """Batch R_rel. Column ``relevant_ids``: each row's 1-based supporting reference numbers
-    (:func:`arena_relevant_ids`; ARENA's ``supporting_ids`` column)."""
-    return [arena_relevance_reward(_completion_text(c), ids) for c, ids in zip(completions, relevant_ids, strict=True)]
-
-
-def trl_arena_bonus(
-    prompts: Sequence[Any],
-    completions: Sequence[Any],
-    answers: Sequence[Any],
-    relevant_ids: Sequence[Iterable[int]],
-    **columns: Any,
-) -> list[float]:
-    """Batch R_bonus (10 when format, EM and relevance are all full). Columns ``answers`` and ``relevant_ids``."""
-    return [
-        arena_reward(_completion_text(c), _golds(a), ids)["bonus"]
-        for c, a, ids in zip(completions, answers, relevant_ids, strict=True)
-    ]
-
-
-def make_trl_arena_rewards(
-    accuracy: Literal["em", "f1", "judge"] = "em", bonus: float = ARENA_BONUS, judge: Judge | LLM | None = None
-) -> list[RewardFn]:
-    """The four ARENA reward functions for ``GRPOTrainer(reward_funcs=...)`` (weights 1, the default), in the order
-    format, accuracy, relevance, bonus; dataset columns ``answers`` and ``relevant_ids``.
-
-    ``accuracy="f1"`` swaps EM for F1; ``accuracy="judge"`` (with ``judge``) makes the accuracy and bonus functions
-    async (TRL 1.x awaits them concurrently); both share one judge call per completion. The functions keep distinct
-    ``__name__``s, which TRL uses as the logged reward names."""
-    if accuracy in ("em", "f1"):
-
-        def arena_accuracy(
-            prompts: Sequence[Any], completions: Sequence[Any], answers: Sequence[Any], **columns: Any
-        ) -> list[float]:
-            return [
-                arena_accuracy_reward(_completion_text(c), _golds(a), accuracy)
-                for c, a in zip(completions, answers, strict=True)
-            ]
-
-        def arena_bonus(
-            prompts: Sequence[Any],
-            completions: Sequence[Any],
-            answers: Sequence[Any],
-            relevant_ids: Sequence[Iterable[int]],
-            **columns: Any,
-        ) -> list[float]:
-            return [
-                arena_reward(_completion_text(c), _golds(a), ids, bonus, accuracy)["bonus"]
-                for c, a, ids in zip(completions, answers, relevant_ids, strict=True)
-            ]
-
-        return [trl_arena_format, arena_accuracy, trl_arena_relevance, arena_bonus]
-    if accuracy != "judge":
-        raise ValueError(f"unknown ARENA accuracy {accuracy!r}; expected 'em', 'f1' or 'judge'")
-    j = _as_judge(judge)
-    if j is None:
-        raise ValueError("accuracy='judge' needs a judge")
-    shared = _SharedJudgeScores(j)
-
-    async def arena_judge_accuracy_reward(
-        prompts: Sequence[Any], completions: Sequence[Any], answers: Sequence[Any], **columns: Any
-    ) -> list[float]:
-        return list(
-            await asyncio.gather(
-                *(shared.score(_completion_text(c), _golds(a)) for c, a in zip(completions, answers, strict=True))
-            )
-        )
-
-    async def arena_judge_bonus(
-        prompts: Sequence[Any],
-        completions: Sequence[Any],
-        answers: Sequence[Any],
-        relevant_ids: Sequence[Iterable[int]],
-        **columns: Any,
-    ) -> list[float]:
-        texts = [_completion_text(c) for c in completions]
-        scores = await asyncio.gather(*(shared.score(t, _golds(a)) for t, a in zip(texts, answers, strict=True)))
-        return [
-            float(bonus)
-            if acc == 1.0 and arena_format_reward(t) == 1.0 and arena_relevance_reward(t, ids) == 1.0
-            else 0.0
-            for t, acc, ids in zip(texts, scores, relevant_ids, strict=True)
-        ]
-
-    return [trl_arena_format, arena_judge_accuracy_reward, trl_arena_relevance, arena_judge_bonus]
-
-
-class _SharedJudgeScores:
-    """One judge call per (completion, golds) for the accuracy and bonus functions that TRL runs side by side;
-    the most recent ``size`` results are kept."""
-
-    def __init__(self, judge: Judge, size: int = 4096) -> None:
-        self.judge = judge
-        self.size = size
-        self._tasks: OrderedDict[str, asyncio.Task[float]] = OrderedDict()
-
-    async def score(self, completion: str, golds: list[str]) -> float:
-        key = json.dumps([completion, golds], ensure_ascii=False)
-        task = self._tasks.get(key)
-        if task is None:
-            task = asyncio.ensure_future(arena_judge_accuracy(completion, golds, self.judge))
-            self._tasks[key] = task
-            while len(self._tasks) > self.size:
-                self._tasks.popitem(last=False)
-        return await asyncio.shield(task)
 
 
 # ---------------------------------------------------------------------------------------------------------------
