@@ -37,7 +37,7 @@ from sleuth.agents.base import (
     load_prompt,
     register_agent,
 )
-from sleuth.eval.metrics import claim_label
+from sleuth.claims import claim_label
 from sleuth.llm import Sampling
 from sleuth.records import Example, Passage, Step, Trace
 

@@ -4,7 +4,7 @@ self-contained HTML trace browser.
 A run directory holds ``config.json`` (what was run), ``traces.jsonl`` (one :class:`~sleuth.records.Trace` per line,
 its per-example scores in ``trace.meta["scores"]`` and its dataset in ``trace.example.metadata["dataset"]``) and
 ``metrics.json`` (means per dataset and overall). When ``metrics.json`` is missing it is recomputed from the traces
-with :func:`sleuth.eval.evaluate.aggregate`.
+with :func:`sleuth.eval.aggregate.aggregate`.
 
 - :func:`markdown_report`: the run's ``report.md``: config header and a per-dataset table with an overall row.
 - :func:`compare_runs` / :func:`bar_chart`: several runs side by side, as markdown and as a grouped bar chart (PNG).
@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sleuth.eval.aggregate import aggregate
 from sleuth.eval.metrics import EXT_SUFFIX, HEADLINE_METRICS
 from sleuth.records import Passage, Step, Trace
 
@@ -189,8 +190,6 @@ def load_run(run_dir: str | Path) -> Run:
     if metrics_path.exists():
         metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
     else:
-        from sleuth.eval.evaluate import aggregate
-
         metrics = aggregate(iter_traces(path))
     legacy = is_legacy_metrics(metrics)
     return Run(path=path, config=config, metrics=upgrade_metrics(metrics), legacy=legacy)
