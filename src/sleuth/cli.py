@@ -29,6 +29,11 @@ console = Console(stderr=True)
 
 METHODS_HELP = "Agent: direct, naive_rag, acesearcher, acesearcher_doc, exsearch, s3, arena."
 SET_HELP = "Method option KEY=VALUE, repeatable; dotted keys reach nested settings (sampling.temperature=0.7)."
+SetOption = Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)]
+GeneratorOption = Annotated[
+    str | None, typer.Option(help="s3: the frozen generator's LLM spec (default: the --llm model).")
+]
+KOption = Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")]
 
 
 # Exit codes: 1 for a failure of the work (a model that does not load, a run directory in use, every example
@@ -60,16 +65,11 @@ def ask(
     method: Annotated[str, typer.Option(help=METHODS_HELP)] = "naive_rag",
     llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, vllm:PATH or 'default'.")] = "default",
     index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
-    k: Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")] = None,
+    k: KOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Generation budget per LLM call.")] = 64,
     kind: Annotated[str, typer.Option(help="qa or claim.")] = "qa",
-    generator: Annotated[
-        str | None, typer.Option(help="s3: the frozen generator's LLM spec (default: the --llm model).")
-    ] = None,
-    option: Annotated[
-        list[str] | None,
-        typer.Option("--set", help=SET_HELP),
-    ] = None,
+    generator: GeneratorOption = None,
+    option: SetOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the Trace as JSON instead of the readable view.")
     ] = False,
@@ -130,19 +130,14 @@ def eval_command(
     open_mode: Annotated[
         bool, typer.Option("--open", help="Search each dataset's own paragraphs, pooled into a BM25 index.")
     ] = False,
-    k: Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")] = None,
+    k: KOption = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Generation budget per LLM call.")] = None,
     concurrency: Annotated[int, typer.Option(help="Examples in flight at once (their calls are batched).")] = 32,
     judge: Annotated[
         str | None, typer.Option(help="Also score with s3's LLM judge: an LLM spec, or 'same' for --llm (cached).")
     ] = None,
-    generator: Annotated[
-        str | None, typer.Option(help="s3: the frozen generator's LLM spec (default: the --llm model).")
-    ] = None,
-    option: Annotated[
-        list[str] | None,
-        typer.Option("--set", help=SET_HELP),
-    ] = None,
+    generator: GeneratorOption = None,
+    option: SetOption = None,
 ) -> None:
     """Evaluate a method on dataset files: traces.jsonl, metrics.json, report.md; resumes after a kill."""
     from sleuth.data import DatasetError
@@ -589,7 +584,7 @@ def _train_command(trainer: Trainer) -> None:
 
     command.__annotations__ = {
         "config": Annotated[Path, typer.Option(help=trainer.config_help)],
-        "option": Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)],
+        "option": SetOption,
         "return": None,
     }
     command.__name__ = f"train_{trainer.name}_command"

@@ -56,6 +56,16 @@ class Retriever(abc.ABC):
         return {"spec": self.spec, "retriever": type(self).__name__, "passages": len(self)}
 
 
+class StoredRetriever(Retriever):
+    """A retriever over an index directory's passage store (``self.store``, a
+    :class:`~sleuth.retrieval.store.PassageStore`): its length is the store's."""
+
+    store: Any
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+
 Loader = Callable[[str, dict[str, str]], Retriever]
 _RETRIEVERS: dict[str, Loader] = {}
 

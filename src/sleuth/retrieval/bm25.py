@@ -31,7 +31,7 @@ from sleuth.records import Passage
 from sleuth.retrieval.base import (
     INDEX_MANIFEST,
     RetrievalError,
-    Retriever,
+    StoredRetriever,
     check_options,
     read_manifest,
     register_retriever,
@@ -231,7 +231,7 @@ def _finalize(
     (work / "vocab.txt").unlink()
 
 
-class BM25Retriever(Retriever):
+class BM25Retriever(StoredRetriever):
     """Search a BM25 index directory; the score matrix and the passages are memory-mapped."""
 
     def __init__(self, index_dir: str | Path) -> None:
@@ -246,9 +246,6 @@ class BM25Retriever(Retriever):
         self.tokenizer = BM25Tokenizer(self.params, vocab)
         self.model = bm25s.BM25.load(str(self.index_dir / "bm25"), mmap=True, load_corpus=False)
         self.store = PassageStore(self.index_dir)
-
-    def __len__(self) -> int:
-        return len(self.store)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if not queries:

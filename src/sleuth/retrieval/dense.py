@@ -43,7 +43,7 @@ from sleuth.records import Passage
 from sleuth.retrieval.base import (
     INDEX_MANIFEST,
     RetrievalError,
-    Retriever,
+    StoredRetriever,
     check_options,
     int_option,
     read_manifest,
@@ -471,7 +471,7 @@ def _embed(
 # ----------------------------------------------------------------------------------------------------------- search
 
 
-class DenseRetriever(Retriever):
+class DenseRetriever(StoredRetriever):
     """Search a dense index directory: one ``encode`` call and one FAISS search per batch of queries.
 
     ``nprobe`` (ivfpq) and ``ef_search`` (hnsw) override the values stored at build time; ``encoder`` replaces
@@ -514,9 +514,6 @@ class DenseRetriever(Retriever):
                 batch_size=batch_size,
                 max_length=settings.get("max_length"),
             )
-
-    def __len__(self) -> int:
-        return len(self.store)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if not queries:
