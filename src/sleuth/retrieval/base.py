@@ -65,6 +65,21 @@ class StoredRetriever(Retriever):
     def __len__(self) -> int:
         return len(self.store)
 
+    def passages(self, ids: list[list[int]], scores: list[list[float]]) -> list[list[Passage]]:
+        """Per query, the store's passages of ``ids`` with their ``scores``; a negative id (a FAISS search that
+        came up short of k) is skipped."""
+        results = []
+        for row_ids, row_scores in zip(ids, scores, strict=True):
+            hits = []
+            for i, score in zip(row_ids, row_scores, strict=True):
+                if i < 0:
+                    continue
+                passage = self.store[i]
+                passage.score = float(score)
+                hits.append(passage)
+            results.append(hits)
+        return results
+
 
 Loader = Callable[[str, dict[str, str]], Retriever]
 _RETRIEVERS: dict[str, Loader] = {}

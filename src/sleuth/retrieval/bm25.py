@@ -253,15 +253,7 @@ class BM25Retriever(StoredRetriever):
         k = min(k, len(self.store))
         tokens = [self.tokenizer.query_tokens(q) for q in queries]
         docs, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=0)
-        results = []
-        for row_docs, row_scores in zip(docs.tolist(), scores.tolist(), strict=True):
-            hits = []
-            for doc, score in zip(row_docs, row_scores, strict=True):
-                passage = self.store[doc]
-                passage.score = float(score)
-                hits.append(passage)
-            results.append(hits)
-        return results
+        return self.passages(docs.tolist(), scores.tolist())
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "index": str(self.index_dir), "params": asdict(self.params)}

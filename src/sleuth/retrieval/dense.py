@@ -527,17 +527,7 @@ class DenseRetriever(StoredRetriever):
                 f"encoder {self.encoder.name} gives {vectors.shape[1]}-d vectors; the index holds {self.index.d}-d"
             )
         scores, ids = self.index.search(vectors, k)
-        results = []
-        for row_ids, row_scores in zip(ids.tolist(), scores.tolist(), strict=True):
-            hits = []
-            for i, score in zip(row_ids, row_scores, strict=True):
-                if i < 0:  # fewer than k results (an HNSW or IVF search can come up short)
-                    continue
-                passage = self.store[i]
-                passage.score = float(score)
-                hits.append(passage)
-            results.append(hits)
-        return results
+        return self.passages(ids.tolist(), scores.tolist())  # skips -1: an HNSW or IVF search can come up short
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -110,7 +110,7 @@ from sleuth.train.common import (
     write_json,
 )
 from sleuth.train.config import load_config, to_mapping
-from sleuth.train.rollouts import Rollout, RolloutStore, collect, model_revision
+from sleuth.train.rollouts import Rollout, RolloutStore, collect, rollout_producer
 from sleuth.train.tracking import Tracker, hf_reporting
 
 __all__ = [
@@ -1082,14 +1082,7 @@ def _em(
                 llm = EngineAndScorer(engine, scorer_for(policy), config.score_on_engine) if split else engine
                 scorer = llm.scorer_name() if isinstance(llm, EngineAndScorer) else "engine"
                 sampler, best_of = best_of_sampler(llm, config.best_of, rollout_agent.sampling)
-                producer = {
-                    "method": METHOD,
-                    "config": to_mapping(rollout_agent),
-                    "model": str(policy),
-                    "model_revision": model_revision(policy),
-                    "iteration": t,
-                    "samples": config.samples,
-                }
+                producer = rollout_producer(METHOD, rollout_agent, policy, t, samples=config.samples)
                 if best_of["applied"]:  # absent when not applied: stores sampled before the option still resume
                     producer["best_of"] = config.best_of
                 store = RolloutStore(it / "rollouts", producer=producer)

@@ -71,26 +71,10 @@ from sleuth.eval.metrics import accuracy, claim_accuracy, exact_match, f1_score,
 from sleuth.llm import LLM
 from sleuth.records import Example, Step, Trace
 from sleuth.retrieval import Retriever
-from sleuth.train.common import (
-    Engines,
-    HFTrainConfig,
-    WorldConfig,
-    default_llm_factory,
-    engine_record,
-    engine_spec,
-    evaluate_dev,
-    log,
-    peft_lora_config,
-    prepare_data,
-    resolve_model,
-    seed_all,
-    serves,
-    training_arguments,
-    with_sampling,
-    write_json,
-)
+from sleuth.train import common
+from sleuth.train.common import Engines, HFTrainConfig, WorldConfig, engine_spec, evaluate_dev, log
 from sleuth.train.config import load_config, to_mapping
-from sleuth.train.rollouts import STORE_MANIFEST, Rollout, RolloutStore, collect, model_revision
+from sleuth.train.rollouts import STORE_MANIFEST, Rollout, RolloutStore, collect, rollout_producer
 from sleuth.train.tracking import Tracker, hf_reporting
 
 __all__ = [
@@ -226,7 +210,7 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
 
     def rollout_agent(self) -> AceSearcherConfig:
         """The agent config of the sampled runs: ``agent`` with the rollout temperature and top_p."""
-        return with_sampling(self.agent, self.temperature, self.top_p)
+        return common.with_sampling(self.agent, self.temperature, self.top_p)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -288,7 +272,7 @@ def _reuse_rollouts(
     shutil.copytree(source, partial)
     (partial / STORE_MANIFEST).write_text(json.dumps(ours, indent=2) + "\n")
     # a resumed iteration finds the copy already there: the record of where it came from outlives this call
-    write_json(target.parent / REUSED_FILE, {"rollouts_reused_from": str(source)})
+    common.write_json(target.parent / REUSED_FILE, {"rollouts_reused_from": str(source)})
     partial.rename(target)
     _log(config, f"rollouts_from: reusing {source} ({len(RolloutStore(target))} rollouts)")
     return True
@@ -806,7 +790,7 @@ def build_dpo_trainer(
     tokenizer = AutoTokenizer.from_pretrained(str(policy))
     model = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32)
     ref_model = None
-    peft_config = peft_lora_config(config) if config.lora else None
+    peft_config = common.peft_lora_config(config) if config.lora else None
     if (not config.lora and not config.precompute_ref_log_probs) or (
         reference is not None and Path(reference) != Path(policy)
     ):
@@ -823,7 +807,7 @@ def build_dpo_trainer(
     trainer_dir = Path(output_dir)  # RUN/iter{t}/trainer: the DPO curves go to RUN/tb/iter{t}
     report_to, reporting = hf_reporting(config.report_to, trainer_dir.parent.parent, trainer_dir.parent.name)
     args = DPOConfig(
-        **training_arguments(
+        **common.training_arguments(
             config,
             output_dir,
             per_device_train_batch_size=per_device,
@@ -973,16 +957,16 @@ def train_mdpo(
     config.validate()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", to_mapping(config))
-    train, dev, index = prepare_data(config, config.output_dir, config.progress, need_index=retriever is None)
+    common.write_json(out / "config.json", to_mapping(config))
+    train, dev, index = common.prepare_data(config, config.output_dir, config.progress, need_index=retriever is None)
     if retriever is None:
         retriever = load_retriever(index)
-    factory = llm_factory or default_llm_factory(config)
-    policy = resolve_model(config.model)
+    factory = llm_factory or common.default_llm_factory(config)
+    policy = common.resolve_model(config.model)
     rollout_agent = config.rollout_agent()
     iterations: list[dict[str, Any]] = []
     # a server-backed engine keeps the evaluation's server on θ(t+1) for iteration t+1's sampling
-    engines = Engines(factory, keep=serves(config) and llm_factory is None)
+    engines = Engines(factory, keep=common.serves(config) and llm_factory is None)
     try:
         return _iterate(config, train, dev, retriever, policy, rollout_agent, iterations, engines)
     finally:
@@ -1013,16 +997,15 @@ def _iterate(
             policy = model_dir
             continue
         seconds: dict[str, float] = {}
-        producer = {
-            "method": METHOD,
-            "config": to_mapping(rollout_agent),
-            "model": str(policy),
-            "model_revision": model_revision(policy),
-            "iteration": t,
-            "decompositions": config.decompositions,
-            "solutions": config.solutions,
-            "seed": config.seed,
-        }
+        producer = rollout_producer(
+            METHOD,
+            rollout_agent,
+            policy,
+            t,
+            decompositions=config.decompositions,
+            solutions=config.solutions,
+            seed=config.seed,
+        )
         if not (it / "rollouts").exists():
             questions = {e.id for e in train}
             for source in rollout_sources(config):
@@ -1042,8 +1025,8 @@ def _iterate(
         elif not model_dir.exists():
             started = time.perf_counter()
             llm = engines.open(policy)
-            stats["sampling_engine"] = engine_record(llm)
-            seed_all(config.seed * 1000 + t)
+            stats["sampling_engine"] = common.engine_record(llm)
+            common.seed_all(config.seed * 1000 + t)
             _log(config, f"iteration {t}: sampling {len(train)} questions with {policy}")
             new = sample_rollouts(
                 train,
@@ -1060,7 +1043,7 @@ def _iterate(
                 started = time.perf_counter()
                 traces_file = it / "dev_initial_traces.jsonl"
                 initial = evaluate_dev(dev, llm, retriever, config.agent, traces_file, config.concurrency)
-                write_json(it / "dev_initial.json", initial)
+                common.write_json(it / "dev_initial.json", initial)
                 seconds["eval_initial"] = time.perf_counter() - started
             engines.release(policy, llm, False)  # before DPO: the trainer gets the memory and the cores
             del llm
@@ -1081,7 +1064,7 @@ def _iterate(
         dev_stats: dict[str, Any] = {"n": 0, "em": None}
         if dev:
             llm = engines.open(model_dir)
-            stats["eval_engine"] = engine_record(llm)
+            stats["eval_engine"] = common.engine_record(llm)
             dev_stats = evaluate_dev(dev, llm, retriever, config.agent, it / "dev_traces.jsonl", config.concurrency)
             engines.release(model_dir, llm, t < config.iterations)  # the next iteration samples with this model
             del llm
@@ -1097,7 +1080,7 @@ def _iterate(
         if (it / "dev_initial.json").exists():
             initial = json.loads((it / "dev_initial.json").read_text())
             stats["dev_initial"] = {k: v for k, v in initial.items() if not k.startswith("per_example")}
-        write_json(stats_path, stats)
+        common.write_json(stats_path, stats)
         _log(config, f"iteration {t}: dev EM {dev_stats.get('em')}, DPO accuracy {train_stats.get('accuracy')}")
         iterations.append(stats)
         tracker.log(t, stats)  # its numbers: pairs/*, mean_reward, dpo/*, dev/*, seconds/*, ...
@@ -1119,7 +1102,7 @@ def _iterate(
     }
     if iterations and "dev_initial" in iterations[0]:
         summary["dev_em_initial"] = iterations[0]["dev_initial"].get("em")
-    write_json(out / "summary.json", summary)
+    common.write_json(out / "summary.json", summary)
     return summary
 
 

@@ -64,6 +64,21 @@ class Rollout:
         return cls(data["key"], data["group"], data["sample"], Trace.from_dict(data["trace"]), data.get("extra", {}))
 
 
+def rollout_producer(method: str, agent: Any, model: Path, iteration: int, **settings: Any) -> dict[str, Any]:
+    """What produced an iteration's rollouts, as a store records it: the agent ``method`` with config ``agent``,
+    the model directory and its revision, the iteration, then the trainer's sampling ``settings`` (in order)."""
+    from sleuth.train.config import to_mapping
+
+    return {
+        "method": method,
+        "config": to_mapping(agent),
+        "model": str(model),
+        "model_revision": model_revision(model),
+        "iteration": iteration,
+        **settings,
+    }
+
+
 def model_revision(path: str | Path) -> str | None:
     """A cheap fingerprint of a local model directory: sha256 over the names, sizes and mtimes of its weight and
     config files (hashing gigabytes of weights per iteration would cost more than sampling). ``None`` for
