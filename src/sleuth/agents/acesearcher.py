@@ -1,6 +1,6 @@
 """AceSearcher (Xu et al., NeurIPS 2025, arXiv 2509.24193): decompose, answer each sub-question, then answer.
 
-One model plays two roles, chosen by the prompt (digest ``research/acesearcher.md`` §1):
+One model plays two roles, chosen by the prompt (docs/methods.md, AceSearcher):
 
 1. **Decompose** the question (or claim) into sub-questions ``### Q1: ...`` that may refer to earlier answers as
    ``#1``, ``#2`` (one LLM call).
@@ -287,7 +287,7 @@ def clean_subanswer(text: str, fact: bool) -> tuple[str, str | None]:
 def extract_answer(text: str) -> tuple[str, str | None]:
     """The final answer in ``text`` and the fallback taken (None when the reference code reads an answer).
 
-    The reference rule (``extract_answer`` of the released code, research/acesearcher.md §1.2 step 5): when the text
+    The reference rule (``extract_answer`` of the released code): when the text
     holds both ``<answer>`` and ``</answer>`` anywhere, the text after the LAST ``<answer>`` up to the next
     ``</answer>`` (or to the end when none follows), stripped: so ``<answer>A</answer> then <answer>B`` gives ``B``
     with no fallback. Otherwise, leniently: everything after an unclosed last ``<answer>``

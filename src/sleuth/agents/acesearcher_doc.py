@@ -1,6 +1,6 @@
 """AceSearcher's document-level reasoning variant (DocMath-Eval, TAT-QA): decompose, then program-of-thought.
 
-Per question (digest ``research/acesearcher.md`` §1.4):
+Per question (docs/methods.md, AceSearcher):
 
 1. **Chunks.** The example's ``context`` is the document (tables as markdown passages, text paragraphs). A document
    of at most ``k`` chunks is given whole, in document order (DocMath's short subsets). A longer one is searched:

@@ -34,7 +34,7 @@ PROMPT_VARIANTS = ("code", "paper")
 
 # --------------------------------------------------------------------------------------------------- parsing
 
-# The official format check (ARENA src/evaluate.py, research/arena.md 2.3). VERBOSE drops the pattern's spaces;
+# The official format check (ARENA src/evaluate.py; docs/methods.md, ARENA). VERBOSE drops the pattern's spaces;
 # MULTILINE lets ``$`` match before any newline, so "</answer>\ntrailing text" passes and "</answer> x" does not.
 _FORMAT = re.compile(
     r"""
@@ -80,7 +80,7 @@ def arena_format_ok(text: str) -> bool:
 
 
 def section(text: str, tag: str) -> str | None:
-    r"""The official extraction (``re.search(r"<tag>\s*(.*?)\s*</tag>", DOTALL)``, research/arena.md 2.3) without
+    r"""The official extraction (``re.search(r"<tag>\s*(.*?)\s*</tag>", DOTALL)``, the released code) without
     its cubic backtracking: the content between the first ``<tag>`` and the first ``</tag>`` after it, stripped of
     surrounding whitespace (``str.strip`` and the regex's ``\s`` agree on every code point); None without a pair.
     (When the first ``<tag>`` has no closing tag after it, no later one has either.)"""
@@ -103,7 +103,7 @@ def _json(content: str) -> Any:
 
 
 def reference_relevance(text: str) -> list[Any] | None:
-    """The reference code's relevance selection (ARENA ``src/rewards.py``, research/arena.md 2.3, 4.1): the first
+    """The reference code's relevance selection (ARENA ``src/rewards.py``): the first
     ``<relevance>`` pair's content parsed as JSON and turned into ``sorted(set(value))`` with the elements as they
     are, so ``[1.5, 1]`` stays ``[1, 1.5]`` and ``true`` stays ``True`` (which equals 1). None wherever the
     reference's code raises and scores 0: no pair, invalid JSON, a value ``set()`` rejects (a bare number,

@@ -1,6 +1,6 @@
 """ExSearch (Shi et al., arXiv 2505.20128): an agentic searcher that loops *thinking -> search -> recording*.
 
-One growing chat, laid out as the official code trains and runs it (research/exsearch.md sections 2.4, 2.7)::
+One growing chat, laid out as the official code trains and runs it (docs/methods.md, ExSearch)::
 
     user       the ExSearch prompt with the question                       (prompt)
     assistant  <THINK> sub-query 1                                          (model; generation stops at <SEARCH>)

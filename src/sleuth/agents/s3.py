@@ -1,6 +1,6 @@
 """s3 (Jiang et al. 2025, arXiv 2505.14146): a searcher LLM gathers evidence that a FROZEN generator answers from.
 
-The loop follows the official rollout (research/s3.md §2.2), in which the whole trajectory is ONE assistant message
+The loop follows the official rollout (docs/methods.md, s3), in which the whole trajectory is ONE assistant message
 that the searcher keeps continuing::
 
     user       searcher prompt (§3.2) with <question> and the initial top-3 <information> (q0 = the question)
@@ -63,7 +63,7 @@ _BM25_NOTE_ANCHOR = "\n\nFor a question and initial searched results:"
 
 @dataclass
 class S3Config:
-    """Settings of the s3 loop (defaults: the paper's headline 8-3-3 configuration, research/s3.md §2, §7, §8).
+    """Settings of the s3 loop (defaults: the paper's headline 8-3-3 configuration; docs/methods.md, s3).
 
     ``k_initial``: documents retrieved for the question itself (naive RAG, "Begin with Search"; k=3). ``k``:
     documents per searcher query (8). ``max_turns``: search-capable searcher replies (paper A.1: "maximum number

@@ -1,5 +1,5 @@
 """ARENA training: GRPO of the evidence-citing reader with adaptive rewards (Ren et al., arXiv 2505.13258, §3.2;
-digest ``research/arena.md`` §4 and §6).
+docs/training.md, "ARENA GRPO").
 
 ``sleuth train arena --config configs/arena_grpo.yaml``. Questions with given references (HotpotQA, 2Wiki, MuSiQue
 train files: their paragraphs, in their original order, numbered as the ``arena`` agent numbers them) are answered
@@ -41,7 +41,7 @@ __all__ = ["ArenaRLConfig", "ArenaTask", "load_arena_examples", "main", "relevan
 
 @dataclass
 class ArenaRLConfig(RLConfig):
-    """Options of ``sleuth train arena`` (defaults: the paper / released code, research/arena.md §6.3)."""
+    """Options of ``sleuth train arena`` (defaults: the paper / released code; docs/training.md, "ARENA GRPO")."""
 
     output_dir: str = "runs/arena-grpo"
     algorithm: Literal["grpo", "ppo"] = "grpo"

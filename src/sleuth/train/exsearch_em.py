@@ -1,5 +1,5 @@
 """ExSearch training: generalized EM, i.e. importance-weighted self-training (Shi et al., arXiv 2505.20128, §2.2,
-Algorithm 1; the digest ``research/exsearch.md`` §4, and §4.10's corrected specification, is what is followed).
+Algorithm 1; docs/training.md, "ExSearch EM", says what is followed and where it deviates).
 
 Warm-up, then ``iterations`` EM rounds t = 0, 1, ... with policy θ(t):
 

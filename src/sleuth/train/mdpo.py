@@ -1,7 +1,7 @@
 """AceSearcher stage II: iterative ("multi-turn") DPO over self-sampled decompositions and solver runs.
 
-Paper: Xu et al., *AceSearcher*, NeurIPS 2025 (arXiv 2509.24193), §4.2-§4.3 and App. F.2; the digest
-``research/acesearcher.md`` §4 is the specification followed here. One iteration t, with policy θ(t):
+Paper: Xu et al., *AceSearcher*, NeurIPS 2025 (arXiv 2509.24193), §4.2-§4.3 and App. F.2;
+docs/training.md ("mDPO") lists where sleuth follows it and where it deviates. One iteration t, with policy θ(t):
 
 1. **Sample** (§4.3). For every training question, ``decompositions`` (m = 3) runs of the ``acesearcher`` agent at
    temperature 1.0; each samples a decomposition z and a first solver trajectory under it. Then ``solutions - 1``

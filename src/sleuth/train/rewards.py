@@ -3,13 +3,13 @@
 Plain functions over one completion or one Trace, so that any trainer can call them (``sleuth``'s own GRPO/PPO
 loop: :mod:`sleuth.train.arena_rl`, :mod:`sleuth.train.s3_rl`).
 
-ARENA (research/arena.md §4, §5): format (the official regex) + accuracy (EM of ``<answer>``, ARENA's
+ARENA (docs/training.md, "ARENA GRPO"): format (the official regex) + accuracy (EM of ``<answer>``, ARENA's
 normalisation; F1 or an LLM judge as the paper's variants) + relevance (1 for exactly the supporting references,
 0.5 for any other overlap, 0 otherwise) + a bonus of 10 when the three are full; weights all 1.
 
-s3 (research/s3.md §4-§6): the frozen generator answers from the searcher's documents and from the naive-RAG top-3;
-GenAcc (span match, else an LLM judge) scores both; the reward is their difference (the paper's Gain Beyond RAG) or
-the code's GBR + GenAcc. The naive-RAG accuracy is computed once per question and kept on disk
+s3 (docs/training.md, "s3 RL"): the frozen generator answers from the searcher's documents and from the naive-RAG
+top-3; GenAcc (span match, else an LLM judge) scores both; the reward is their difference (the paper's Gain Beyond
+RAG) or the code's GBR + GenAcc. The naive-RAG accuracy is computed once per question and kept on disk
 (:class:`NaiveRagCache`); :func:`filter_training_examples` applies the paper's training-data filter.
 """
 
@@ -94,7 +94,7 @@ def _as_judge(judge: Judge | LLM | None) -> Judge | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# ARENA (research/arena.md §4)
+# ARENA
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -220,7 +220,7 @@ def arena_relevant_ids(example: Example, max_references: int | None = None) -> s
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# s3 (research/s3.md §4-§6)
+# s3
 # ---------------------------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 """s3 training: RL of the searcher on Gain Beyond RAG while the generator stays frozen (Jiang et al., arXiv
-2505.14146, §3; digest ``research/s3.md`` §4-7).
+2505.14146, §3; docs/training.md, "s3 RL").
 
 ``sleuth train s3 --config configs/s3_ppo.yaml``. Only the searcher learns; the generator is any backend spec
 (another local model, a vLLM or hosted endpoint) and is never updated. Before training, the naive-RAG accuracy
@@ -72,7 +72,7 @@ Record = dict[str, Any]
 
 @dataclass
 class S3RLConfig(RLConfig, DataConfig):
-    """Options of ``sleuth train s3`` (defaults: the paper and its training script, research/s3.md §7)."""
+    """Options of ``sleuth train s3`` (defaults: the paper and its training script; docs/training.md, "s3 RL")."""
 
     output_dir: str = "runs/s3-rl"
     algorithm: Literal["grpo", "ppo"] = "ppo"

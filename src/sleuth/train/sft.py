@@ -1,4 +1,4 @@
-"""Stage I of AceSearcher (digest ``research/acesearcher.md`` §3): supervised fine-tuning of one model on the
+"""Stage I of AceSearcher (paper §3.2, App. F; docs/training.md, "SFT"): supervised fine-tuning of one model on the
 three competencies the agent uses, with the agent's own prompts.
 
 Every training record is a chat prompt-completion pair whose prompt is *exactly* what the agent sends at inference
