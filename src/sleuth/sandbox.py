@@ -1,5 +1,8 @@
 """Run model-written Python programs in an isolated, resource-limited child process and read back one variable.
 
+Size: one module on purpose (about 1,300 lines): the launcher, the child's set-up and the seccomp filter are one
+security boundary, to be read and audited together.
+
 Program-of-thought agents (AceSearcher's document-level variant) ask a model for a program that stores its result
 in ``ans``; :func:`run_program` executes it and returns a :class:`ProgramResult`. A timeout, an exception, a memory
 blow-up or a forbidden action is a *result* (``ok=False`` with a short ``error``), never an exception in the caller.

@@ -1,5 +1,8 @@
 """A synthetic multi-hop world: fictional entities, one encyclopedic document each, and 1-4 hop questions.
 
+Size: one module on purpose (about 1,200 lines): the world, its question templates and the corpus writer are one
+seeded generator; split, what a seed produces would be spread over several files.
+
 No model can know the answers from pre-training: every name is invented from syllables, every fact is drawn at
 random. Each entity (person, city, country, organisation, river) gets one document whose title is its name and
 whose text states its relations (``born_in``, ``located_in``, ``founded_by``, ...) and numeric attributes (birth

@@ -1,5 +1,8 @@
 """Answer and retrieval metrics: EM, F1, Acc, claim labels, multiple choice, DocMath numbers, recall@k, LLM judge.
 
+Size: one module on purpose (about 950 lines): every metric sits next to its normaliser, its source and its
+doctests, so that a score in a report can be traced to one place.
+
 Every metric, its exact definition, the source it follows and the sources it departs from are listed in one place,
 ``docs/metrics.md``; each function's docstring names its own source. Summary:
 

@@ -1,6 +1,9 @@
 """Reports of ``sleuth eval`` run directories: a markdown summary, a side-by-side comparison, a bar chart, and a
 self-contained HTML trace browser.
 
+Size: one module on purpose (about 1,000 lines): the markdown report, the comparison, the chart and the
+self-contained HTML trace browser (its page template inline) all read the same run directory format.
+
 A run directory holds ``config.json`` (what was run), ``traces.jsonl`` (one :class:`~sleuth.records.Trace` per line,
 its per-example scores in ``trace.meta["scores"]`` and its dataset in ``trace.example.metadata["dataset"]``) and
 ``metrics.json`` (means per dataset and overall). When ``metrics.json`` is missing it is recomputed from the traces

@@ -1,6 +1,10 @@
 """ExSearch training: generalized EM, i.e. importance-weighted self-training (Shi et al., arXiv 2505.20128, §2.2,
 Algorithm 1; docs/training.md, "ExSearch EM", says what is followed and where it deviates).
 
+Size: one module on purpose (about 1,200 lines): warm-up, E-step (sampling, best_of, weights) and M-step (the
+weighted trainer) share the iteration's on-disk layout and its resumption; the plumbing shared with the other
+trainers is in :mod:`sleuth.train.common`.
+
 Warm-up, then ``iterations`` EM rounds t = 0, 1, ... with policy θ(t):
 
 **Warm-up** (§4.5): SFT on seed trajectories in the ExSearch format, built by replaying them through the real

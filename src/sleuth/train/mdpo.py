@@ -1,5 +1,8 @@
 """AceSearcher stage II: iterative ("multi-turn") DPO over self-sampled decompositions and solver runs.
 
+Size: one module on purpose (about 1,100 lines): sampling, rewards, pair building and DPO share the iteration's
+on-disk layout and its resumption; the plumbing shared with the other trainers is in :mod:`sleuth.train.common`.
+
 Paper: Xu et al., *AceSearcher*, NeurIPS 2025 (arXiv 2509.24193), §4.2-§4.3 and App. F.2;
 docs/training.md ("mDPO") lists where sleuth follows it and where it deviates. One iteration t, with policy θ(t):
 

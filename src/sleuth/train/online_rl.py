@@ -7,7 +7,8 @@ becomes the training conversation (model-written text vs inserted observations) 
 1. **Rollouts.** ``prompts_per_step`` training questions (a seeded order, so a resumed run draws the same
    batches), ``group_size`` runs each, by the task's agent through the runner, sampling from the *live* policy
    (:meth:`sleuth.llm.hf.HFLLM.from_model` shares the weights being trained), or from a vLLM server that reloads
-   the LoRA adapter every step (``rollout_server``: :mod:`sleuth.train.served_policy`). Failed runs are counted.
+   the policy every step (``rollout_server``: :mod:`sleuth.train.served_policy`; the LoRA adapter by name, or a full
+   fine-tune's weights reloaded from a saved copy). Failed runs are counted.
 2. **Rewards** from the task (format/EM/relevance/bonus for ARENA, Gain Beyond RAG for s3).
 3. **Tokens.** :func:`sleuth.train.tokens.tokenize_chat`: the ids the chat template gives the whole conversation
    and a mask of model-written tokens; the policy loss, the KL and the value loss cover those only (state masking).
@@ -250,7 +251,8 @@ class RLConfig(TrainConfig):
     sharding: Literal["none", "fsdp"] = "none"
     # rollouts from a vLLM server that reloads the LoRA adapter every step (sleuth.train.served_policy)
     rollout_server: str = ""  # openai:BASE_MODEL@URL; empty: transformers generate from the live policy
-    rollout_adapter_dir: str = ""  # where the adapters are written for the server to read (default OUT/served)
+    # where each step's adapter (or, without lora, full weights) is written for the server to read (default OUT/served)
+    rollout_adapter_dir: str = ""
     save_steps: int = 10
     concurrency: int = 64
     progress: bool = True
@@ -291,11 +293,6 @@ class RLConfig(TrainConfig):
             named = [name for name, on in unsupported.items() if on]
             if named:
                 raise ValueError(f"sharding: fsdp does not support {', '.join(named)} yet; use sharding: none")
-        if self.rollout_server and not self.lora:
-            raise ValueError(
-                "rollout_server needs lora: true (the server reloads the LoRA adapter each step; full weights have "
-                "no server API to be pushed through)"
-            )
 
 
 @dataclass
@@ -1192,7 +1189,9 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     if config.rollout_server:
         from sleuth.train.served_policy import ServedPolicy
 
-        served = ServedPolicy(config.rollout_server, Path(config.rollout_adapter_dir or out / "served"), dist)
+        served_dir = Path(config.rollout_adapter_dir or out / "served")
+        # LoRA: the adapter is loaded by name each step; full fine-tuning: the server reloads all weights in place
+        served = ServedPolicy(config.rollout_server, served_dir, dist, mode="lora" if config.lora else "full")
     agent = task.agent_config(config)
     if resume is not None:  # continue the random streams where the checkpoint left them (mini-batch order)
         saved = json.loads((checkpoint / "state.json").read_text())
@@ -1254,6 +1253,8 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         entry["seconds"] = round(time.perf_counter() - t0, 2)
         entry["tokens_per_second"] = round(sum(trained) / max(entry["seconds"], 1e-3), 1)  # response tokens
         entry["rollout_seconds"] = round(max(dist.gather(t_rollout)), 2)
+        if served is not None and served.seconds:  # part of rollout_seconds: the policy saved and sent to the server
+            entry["publish_seconds"] = round(sum(served.seconds.values()), 2)
         log.append(entry)
         if dist.main:
             with open(log_path, "a", encoding="utf-8") as f:
