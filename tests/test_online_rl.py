@@ -732,12 +732,15 @@ def test_rollouts_from_a_server_that_reloads_the_lora_adapter_every_step(tmp_pat
         server.close()
 
 
-def test_a_rollout_server_needs_lora_and_a_reachable_server(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_a_rollout_server_must_be_reachable_and_named_with_the_setting_it_needs(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     from sleuth.train.served_policy import ServedPolicyError
 
     spec = "openai:tiny@http://127.0.0.1:9/v1?timeout=1&max_retries=0"
-    with pytest.raises(ValueError, match="lora: true"):
-        train_online(_config(tmp_path, tiny_model_dir, rollout_server=spec), DirectTask(lambda t: 0.0), _examples())
+    full = _config(tmp_path, tiny_model_dir, rollout_server=spec)  # no lora: the full weights are reloaded
+    with pytest.raises(ServedPolicyError, match="VLLM_SERVER_DEV_MODE=1"):
+        train_online(full, DirectTask(lambda t: 0.0), _examples())
     config = _config(tmp_path, tiny_model_dir, lora=True, rollout_server=spec)
     with pytest.raises(ServedPolicyError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
         train_online(config, DirectTask(lambda t: 0.0), _examples())

@@ -45,6 +45,11 @@ Options:
 ``enable_lora`` (0), ``max_lora_rank`` (16)
     Serve LoRA adapters loaded at run time (``--enable-lora --max-lora-rank R`` and
     ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), as :class:`sleuth.train.served_policy.ServedPolicy` needs.
+``dev_mode`` (0)
+    ``VLLM_SERVER_DEV_MODE=1``: vLLM's development routes (``POST /collective_rpc``, ``/reset_prefix_cache``,
+    ``/sleep``, ...), through which :class:`~sleuth.train.served_policy.ServedPolicy` reloads a fully fine-tuned
+    policy's weights each step (it sets this option itself on the ``vllm:`` spec it starts). Anyone who reaches the
+    port can then call any worker method: keep such a server on 127.0.0.1 or a trusted network.
 ``generation_config`` (``vllm``)
     vLLM's ``--generation-config``. ``vllm`` makes the request's own sampling settings the only ones (as with
     the ``hf`` backend); ``auto`` lets the model's ``generation_config.json`` fill in the settings sleuth does not
@@ -145,6 +150,7 @@ _SERVER_OPTIONS = (
     "max_num_seqs",
     "enable_lora",
     "max_lora_rank",
+    "dev_mode",
     "generation_config",
     "python",
     "device",
@@ -395,6 +401,7 @@ class ServerConfig:
     max_num_seqs: int | None = None
     enable_lora: bool = False
     max_lora_rank: int = 16
+    dev_mode: bool = False
     generation_config: str = "vllm"
     device: str = "auto"
     startup_timeout: float = 1800.0
@@ -442,6 +449,8 @@ class ServerConfig:
             env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torchinductor")
         if self.enable_lora:
             env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+        if self.dev_mode:  # asked for by the spec: an inherited VLLM_SERVER_DEV_MODE=0 does not win
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.on_cpu:
             for key, value in CPU_ENV_DEFAULTS.items():
                 env.setdefault(key, value)
@@ -810,6 +819,7 @@ def server_config(target: str, options: dict[str, str], *, python: str | None = 
         max_num_seqs=number_option(options, "max_num_seqs", int, 0, LLMError, where) or None,
         enable_lora=flag("enable_lora"),
         max_lora_rank=number_option(options, "max_lora_rank", int, 16, LLMError, where),
+        dev_mode=flag("dev_mode"),
         generation_config=options.get("generation_config") or "vllm",
         device=device,
         startup_timeout=number_option(options, "startup_timeout", float, 1800.0, LLMError, where),
