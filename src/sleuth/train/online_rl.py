@@ -1,5 +1,10 @@
 """Online RL for search agents: rollouts through the agent code, then a GRPO or PPO update of the policy.
 
+Size: one module on purpose (about 1,300 lines): the loop, the models (policy, reference, critic, with LoRA and
+FSDP), the checkpoint format and resumption rely on each other's invariants (what is saved on every process is what
+is restored); the RL maths is in :mod:`sleuth.train.rl`, token handling in :mod:`sleuth.train.tokens`, the methods
+in ``arena_rl`` and ``s3_rl``.
+
 One loop serves ARENA (single-turn, GRPO; :mod:`sleuth.train.arena_rl`) and s3 (multi-turn searcher with a frozen
 generator, PPO or GRPO; :mod:`sleuth.train.s3_rl`). A :class:`Task` says which agent runs, how a finished Trace
 becomes the training conversation (model-written text vs inserted observations) and what it earns. Per step:
