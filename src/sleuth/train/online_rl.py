@@ -211,6 +211,11 @@ class RLConfig(TrainConfig):
     mini_batches: int = 1  # optimizer steps per rollout batch
     ppo_epochs: int = 1
     micro_batch: int = 4  # sequences per forward/backward (memory only: gradients are accumulated)
+    # the update's micro-batches by a token budget (sleuth.train.packing.micro_batch_budget): each mini-batch's
+    # episodes sorted by length and cut so that rows x longest <= micro_batch_tokens (micro_batch then unused).
+    # Exact only with micro_batch_aggregation mini_batch_mean. None: 4096 there, fixed micro_batch rows with
+    # micro_batch_mean (where grouping changes the weighting); 0: fixed rows; > 0: the budget, whatever the mode
+    micro_batch_tokens: int | None = None
     critic_learning_rate: float = 1e-5
     warmup_steps: int = 0  # linear warm-up of the actor's learning rate (lr * (step + 1) / warmup_steps)
     # PPO's critic: "separate" (veRL: its own model from the base weights, own optimizer) or "shared_head" (a value
@@ -274,6 +279,8 @@ class RLConfig(TrainConfig):
             raise ValueError(f"kl={self.kl!r}; expected k1, k2, k3, arena or abs")
         if self.critic not in ("separate", "shared_head"):
             raise ValueError(f"critic={self.critic!r}; expected 'separate' or 'shared_head'")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 0:
+            raise ValueError("micro_batch_tokens must be >= 0 (0: fixed micro_batch rows; null: automatic)")
         if self.micro_batch_aggregation not in ("mini_batch_mean", "micro_batch_mean"):
             raise ValueError(
                 f"micro_batch_aggregation={self.micro_batch_aggregation!r}; expected 'mini_batch_mean' or "
@@ -923,7 +930,7 @@ def _update(
     their own."""
     import torch
 
-    from sleuth.train import rl
+    from sleuth.train import packing, rl
 
     ppo = config.algorithm == "ppo"
     separate = models.critic is not None
@@ -939,7 +946,9 @@ def _update(
         random.shuffle(order)
         for m in range(config.mini_batches):
             mini = order[m :: config.mini_batches]
-            micros = _chunks(mini, config.micro_batch)
+            budget = packing.micro_batch_budget(config.micro_batch_tokens, config.micro_batch_aggregation)
+            lengths = [len(episodes[i].input_ids or []) for i in mini]
+            micros = packing.micro_batches(mini, lengths, config.micro_batch, budget)
             tokens, sequences, n_micros = dist.sum(
                 [sum(float(stats[i]["mask"].sum()) for i in mini), float(len(mini)), float(len(micros))]
             )
@@ -1001,13 +1010,14 @@ def _update(
                         entropy = rl.masked_mean(
                             rl.entropy_from_logits(logits if config.entropy_coef else logits.detach()), mask
                         )
-                        if config.entropy_coef:
-                            policy_loss = policy_loss - config.entropy_coef * entropy
-                        loss = loss + policy_loss * share
-                        logged["loss"] += float(policy_loss.detach()) * share
-                        logged["entropy"] += float(entropy.detach()) * share
+                        # the entropy and the logged terms are token means: weighted by the token share (the same
+                        # as share but with a seq-* aggregation), so that no grouping changes them
+                        bonus = config.entropy_coef * entropy * token_share if config.entropy_coef else 0.0
+                        loss = loss + policy_loss * share - bonus
+                        logged["loss"] += float(policy_loss.detach()) * share - float(bonus)
+                        logged["entropy"] += float(entropy.detach()) * token_share
                         for k, v in terms.items():
-                            logged[k] += float(v) * share
+                            logged[k] += float(v) * token_share
                     if ppo:
                         returns = _pad_rows(rows, "returns", width, models.device)
                         old_values = _pad_rows(rows, "values", width, models.device)
