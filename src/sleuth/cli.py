@@ -34,6 +34,7 @@ GeneratorOption = Annotated[
     str | None, typer.Option(help="s3: the frozen generator's LLM spec (default: the --llm model).")
 ]
 KOption = Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")]
+HostOption = Annotated[str, typer.Option(help="Interface to bind (127.0.0.1 keeps it local).")]
 
 
 # Exit codes: 1 for a failure of the work (a model that does not load, a run directory in use, every example
@@ -390,7 +391,7 @@ app.add_typer(serve_app, name="serve")
 @serve_app.command("retriever")
 def serve_retriever(
     index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
-    host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1 keeps it local).")] = "127.0.0.1",
+    host: HostOption = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
     token_env: Annotated[
         str | None, typer.Option(help="Environment variable holding a bearer token that clients must send.")
@@ -434,7 +435,7 @@ def serve_llm(
     model: Annotated[str, typer.Argument(help="Model directory or hub name; 'default' = the embedded SmolLM2.")] = (
         "default"
     ),
-    host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1 keeps it local).")] = "127.0.0.1",
+    host: HostOption = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port; 0 picks a free one.")] = 0,
     python: Annotated[
         str | None, typer.Option(help="Interpreter with vLLM (default: $SLEUTH_VLLM_PYTHON, .venv-vllm, this one).")

@@ -204,11 +204,17 @@ def split_contents(contents: str) -> tuple[str, str]:
     return title, contents[nl + 1 :].strip()
 
 
-def _parse_searchr1(line: bytes) -> Passage:
+def _object_and_id(line: bytes) -> tuple[dict[str, Any], Any]:
+    """A jsonl line's object and its ``id`` (checked: a non-empty string, or a number :func:`_check_id` takes)."""
     obj = _load_object(line)
     pid = obj.get("id")
     if type(pid) is not str or not pid:
         pid = _check_id(pid)
+    return obj, pid
+
+
+def _parse_searchr1(line: bytes) -> Passage:
+    obj, pid = _object_and_id(line)
     contents = obj.get("contents")
     if type(contents) is not str:
         raise _Malformed("missing contents" if contents is None else "contents is not a string")
@@ -225,10 +231,7 @@ _JSONL_KEYS = frozenset(("id", "title", "text", "meta", "score"))
 
 
 def _parse_jsonl(line: bytes) -> Passage:
-    obj = _load_object(line)
-    pid = obj.get("id")
-    if type(pid) is not str or not pid:
-        pid = _check_id(pid)
+    obj, pid = _object_and_id(line)
     text = obj.get("text")
     if type(text) is not str:
         raise _Malformed("missing text" if text is None else "text is not a string")

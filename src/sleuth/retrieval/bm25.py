@@ -36,7 +36,7 @@ from sleuth.retrieval.base import (
     read_manifest,
     register_retriever,
 )
-from sleuth.retrieval.building import BuildReport, corpus_identity, swap_in, write_atomic
+from sleuth.retrieval.building import BuildReport, corpus_identity, index_manifest, swap_in, write_atomic
 from sleuth.retrieval.store import PassageStore, passage_line
 
 FORMAT_VERSION = 1
@@ -212,17 +212,17 @@ def _finalize(
     model.index(bm25s.tokenization.Tokenized(ids=_TokenLists(flat, lengths), vocab=vocab), show_progress=False)
     model.save(str(work / "bm25"))
     (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    manifest = {
-        "kind": "bm25",
-        "format_version": FORMAT_VERSION,
-        "passages": n,
-        "skipped_lines": state["skipped"],
-        "corpus": str(corpus.resolve()),
-        "corpus_format": corpus_format,
-        "params": asdict(params),
-        "vocab_size": len(vocab),
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    manifest = index_manifest(
+        "bm25",
+        FORMAT_VERSION,
+        n,
+        state["skipped"],
+        corpus,
+        corpus_format,
+        params=asdict(params),
+        vocab_size=len(vocab),
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
     (work / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2))
     # build.json goes first: from here on a killed build restarts from scratch instead of resuming into
     # chunks that are being deleted.

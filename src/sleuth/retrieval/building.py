@@ -23,6 +23,22 @@ def corpus_identity(corpus: Path) -> dict[str, Any]:
     return {"path": str(corpus.resolve()), "size": stat.st_size, "mtime": stat.st_mtime}
 
 
+def index_manifest(
+    kind: str, format_version: int, passages: int, skipped_lines: int, corpus: Path, corpus_format: str, **fields: Any
+) -> dict[str, Any]:
+    """An index directory's manifest: what every kind records (kind, format, passage and skipped-line counts, the
+    corpus and its format), then the kind's own ``fields``."""
+    return {
+        "kind": kind,
+        "format_version": format_version,
+        "passages": passages,
+        "skipped_lines": skipped_lines,
+        "corpus": str(corpus.resolve()),
+        "corpus_format": corpus_format,
+        **fields,
+    }
+
+
 @dataclass
 class BuildReport:
     """What a build did. ``resumed_chunks`` counts passage chunks reused from an interrupted build,

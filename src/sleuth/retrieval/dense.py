@@ -49,7 +49,7 @@ from sleuth.retrieval.base import (
     read_manifest,
     register_retriever,
 )
-from sleuth.retrieval.building import BuildReport, corpus_identity, swap_in, write_atomic
+from sleuth.retrieval.building import BuildReport, corpus_identity, index_manifest, swap_in, write_atomic
 from sleuth.retrieval.store import OFFSETS, PASSAGES, PassageStore, passage_line
 
 if TYPE_CHECKING:
@@ -376,21 +376,21 @@ def build_dense_index(
     import faiss
 
     faiss.write_index(index, str(work / FAISS_INDEX))
-    manifest = {
-        "kind": "dense",
-        "format_version": FORMAT_VERSION,
-        "passages": n,
-        "skipped_lines": state["skipped"],
-        "corpus": str(corpus.resolve()),
-        "corpus_format": state["corpus_format"],
-        "encoder": embed["identity"],
-        "dim": dim,
-        "metric": "inner_product",
-        "index_type": index_type,
-        "index_params": index_params,
-        "embeddings": EMBEDDINGS if keep_embeddings else None,
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    manifest = index_manifest(
+        "dense",
+        FORMAT_VERSION,
+        n,
+        state["skipped"],
+        corpus,
+        state["corpus_format"],
+        encoder=embed["identity"],
+        dim=dim,
+        metric="inner_product",
+        index_type=index_type,
+        index_params=index_params,
+        embeddings=EMBEDDINGS if keep_embeddings else None,
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
     (work / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2))
     state_path.unlink()  # from here on a killed build restarts from scratch rather than resume a finished dir
     if not keep_embeddings:

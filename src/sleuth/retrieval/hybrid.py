@@ -158,16 +158,15 @@ def build_hybrid_index(
     work.mkdir(parents=True, exist_ok=True)
     write_atomic(state_path, json.dumps({"identity": identity}).encode())
 
+    reading: dict[str, Any] = {"format": format, "strict": strict, "chunk_size": chunk_size}  # both halves
     resumed = 0
     messages: list[str] = []
     if not (work / "bm25" / INDEX_MANIFEST).exists():
         report = build_bm25_index(
             corpus,
             work / "bm25",
-            format=format,
-            strict=strict,
             params=bm25_params,
-            chunk_size=chunk_size,
+            **reading,
             on_progress=(lambda done, total, _n: on_progress("bm25", done, total)) if on_progress else None,
         )
         resumed, messages = report.resumed_chunks, report.skipped_messages
@@ -176,9 +175,7 @@ def build_hybrid_index(
         report = build_dense_index(
             corpus,
             work / "dense",
-            format=format,
-            strict=strict,
-            chunk_size=chunk_size,
+            **reading,
             store_from=work / "bm25",
             on_progress=on_progress,
             **dense_kwargs,
