@@ -35,6 +35,7 @@ GeneratorOption = Annotated[
 ]
 KOption = Annotated[int | None, typer.Option(help="Passages per search (method default if unset).")]
 HostOption = Annotated[str, typer.Option(help="Interface to bind (127.0.0.1 keeps it local).")]
+IndexOption = Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")]
 
 
 # Exit codes: 1 for a failure of the work (a model that does not load, a run directory in use, every example
@@ -65,7 +66,7 @@ def ask(
     question: Annotated[str, typer.Argument(help="The question (or claim) to answer.")],
     method: Annotated[str, typer.Option(help=METHODS_HELP)] = "naive_rag",
     llm: Annotated[str, typer.Option(help="LLM spec: hf:PATH, openai:MODEL@URL, vllm:PATH or 'default'.")] = "default",
-    index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
+    index: IndexOption = "default",
     k: KOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Generation budget per LLM call.")] = 64,
     kind: Annotated[str, typer.Option(help="qa or claim.")] = "qa",
@@ -206,7 +207,7 @@ def report_command(
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="Text to search for.")],
-    index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
+    index: IndexOption = "default",
     k: Annotated[int, typer.Option(help="Passages to show.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print passages as JSON lines.")] = False,
 ) -> None:
@@ -390,7 +391,7 @@ app.add_typer(serve_app, name="serve")
 
 @serve_app.command("retriever")
 def serve_retriever(
-    index: Annotated[str, typer.Option(help="Retriever spec or index dir; 'default' = bundled wiki.")] = "default",
+    index: IndexOption = "default",
     host: HostOption = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
     token_env: Annotated[
