@@ -120,6 +120,12 @@ class FullModel:
         path.mkdir(parents=True, exist_ok=True)
         (path / "weights.json").write_text(json.dumps({"tag": self.tag}))
 
+    def get_input_embeddings(self) -> None:
+        return None
+
+    def get_output_embeddings(self) -> None:
+        return None
+
 
 @pytest.fixture
 def server():

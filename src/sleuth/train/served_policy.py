@@ -82,6 +82,34 @@ def _client_settings(llm: Any) -> dict[str, Any]:
     return {key: getattr(llm, key) for key in keys}
 
 
+TIED_HEAD_FILE = "tied-lm-head.safetensors"
+
+
+def save_full_weights(model: Any, path: Path) -> None:
+    """``model.save_pretrained(path)`` (safetensors), plus the LM head under its own name when it is tied to the input
+    embedding.
+
+    ``save_pretrained`` leaves a tied head out (the embedding stands for both). vLLM's in-place reload processes a
+    layer again only when the checkpoint holds its weights, and on a CPU the head multiplies with a copy of its weight
+    that oneDNN packed when it was loaded: left out, the head kept the old weights while the embedding took the new
+    ones (the served log-probs then differed from the trained model's). The extra file is named in the index of a
+    sharded save, which vLLM's loader follows."""
+    from safetensors.torch import save_file
+
+    model.save_pretrained(path)
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embedding is None or head.weight is not embedding.weight:
+        return
+    (name,) = [n for n, module in model.named_modules() if module is head]
+    key = f"{name}.weight"
+    save_file({key: head.weight.detach().to("cpu").contiguous().clone()}, str(path / TIED_HEAD_FILE))
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        data = json.loads(index.read_text())
+        data.setdefault("weight_map", {})[key] = TIED_HEAD_FILE
+        index.write_text(json.dumps(data, indent=2) + "\n")
+
+
 class ServedPolicyError(RuntimeError):
     """The rollout server could not load the policy's adapter."""
 
@@ -200,7 +228,7 @@ class ServedPolicy:
         path = (self.directory / f"step-{step:05d}").resolve()
         shutil.rmtree(path, ignore_errors=True)
         started = time.perf_counter()
-        policy.save_pretrained(path)  # safetensors, as vLLM's default loader reads them
+        save_full_weights(policy, path)  # safetensors, as vLLM's default loader reads them
         saved = time.perf_counter()
         self._post("collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
         reloaded = time.perf_counter()
