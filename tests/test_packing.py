@@ -152,3 +152,48 @@ def test_the_plan_has_several_micro_batches_under_a_small_budget() -> None:
     lengths = [len(e.input_ids or []) for e in episodes]
     plan = packing.micro_batches(list(range(7)), lengths, rows=2, budget=64)
     assert len(plan) > 2 and len({len(g) for g in plan}) > 1
+
+
+def _grads(model: Any) -> dict[str, Any]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_the_sft_trainer_sorts_each_step_by_length_and_its_gradient_is_the_unpadded_one(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """TRL's SFTTrainer with ``length_sorted`` (the default): one optimizer step's micro-batches, sorted by length
+    and padded, give the gradient of the same examples each alone (no padding), at the step's token mean."""
+    import torch
+
+    from sleuth.train.sft import build_dataset, build_trainer
+    from tests.test_sft import tiny_config
+
+    config = tiny_config(tiny_model_dir, tmp_path / "out", batch_size=6, per_device_batch_size=2)
+    train, _, _ = build_dataset(config)
+    trainer = build_trainer(config, train[:6])
+    assert isinstance(trainer._get_train_sampler(), packing.LengthSortedSampler)
+    loader = trainer.get_train_dataloader()
+    step = [next(it) for it in [iter(loader)] for _ in range(3)]  # accumulation 3 x 2 rows
+    widths = [int(b["attention_mask"].sum(-1).max()) for b in step]
+    assert widths == sorted(widths, reverse=True)
+    model = trainer.model
+    model.train()
+    items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in step)
+
+    def accumulate(batches: list[dict[str, Any]]) -> dict[str, Any]:
+        model.zero_grad(set_to_none=True)
+        for b in batches:
+            trainer.compute_loss(model, dict(b), num_items_in_batch=torch.tensor(items)).backward()
+        return _grads(model)
+
+    sorted_grads = accumulate(step)
+    alone = []
+    for b in step:
+        for i in range(b["input_ids"].shape[0]):
+            n = int(b["attention_mask"][i].sum())
+            alone.append({k: v[i : i + 1, :n] for k, v in b.items() if torch.is_tensor(v) and v.dim() == 2})
+    alone_grads = accumulate(alone)
+    assert sorted_grads.keys() == alone_grads.keys() and len(sorted_grads) > 0
+    for k, g in sorted_grads.items():
+        diff = float((g - alone_grads[k]).abs().max())
+        assert diff <= 1e-5 + 1e-4 * float(g.abs().max()), (k, diff, float(g.abs().max()))

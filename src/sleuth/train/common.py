@@ -110,6 +110,11 @@ class HFTrainConfig(TrainConfig):
     weight_decay: float = 0.0
     max_length: int | None = 2048
     bf16: bool | None = None
+    # each optimizer step's examples (a seeded random draw, as without it) sorted by length before they are cut into
+    # per_device_batch_size micro-batches: less padding, the same step (sleuth.train.packing.LengthSortedSampler;
+    # exact for SFT's token mean, DPO's pair mean and the M-step's example mean; no effect at one example per
+    # micro-batch). The M-step's reference_nll_share weighting, defined per micro-batch, keeps the random order.
+    length_sorted: bool = True
 
 
 @dataclass

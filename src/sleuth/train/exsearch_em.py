@@ -908,7 +908,12 @@ def train_weighted(
         )
     )
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32 if not bf16 else torch.bfloat16)
-    trainer = _trainer_class(config.token_reduction, config.weighting)(
+    trainer_class = _trainer_class(config.token_reduction, config.weighting)
+    if config.length_sorted and config.weighting != "reference_nll_share":  # that one is per micro-batch
+        from sleuth.train.packing import length_sorted_trainer
+
+        trainer_class = length_sorted_trainer(trainer_class)
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(rows),

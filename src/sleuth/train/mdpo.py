@@ -836,7 +836,9 @@ def build_dpo_trainer(
 
         datasets.disable_progress_bars()
         hf_logging.disable_progress_bar()
-    trainer = DPOTrainer(
+    from sleuth.train.packing import length_sorted_trainer
+
+    trainer = (length_sorted_trainer(DPOTrainer) if config.length_sorted else DPOTrainer)(
         model=model,
         ref_model=ref_model,
         args=args,

@@ -623,7 +623,10 @@ def build_trainer(
         )
     )
     peft_config = peft_lora_config(config) if config.lora else None
-    return SFTTrainer(
+    from sleuth.train.packing import length_sorted_trainer
+
+    trainer_class = length_sorted_trainer(SFTTrainer) if config.length_sorted else SFTTrainer
+    return trainer_class(
         model=model_path,
         args=args,
         train_dataset=dataset(train),
