@@ -19,9 +19,12 @@ nothing as long as the loss of an optimizer step does not depend on which rows s
   means (DPO's sigmoid loss, the M-step's weighted NLL except ``reference_nll_share``); HF's ``group_by_length``
   instead sorts megabatches of 50 windows, which also changes which examples share a step.
 
-True packing (several sequences in one row with restarting position ids) is not used: on CPU and with PyTorch's
-``sdpa`` it is exact only with a block-diagonal 4D mask, whose attention costs ``(sum of lengths)^2`` instead of
-``sum(length^2)``, more than the padding left after sorting (docs/results/bench_train.md).
+True packing (several sequences in one row with restarting position ids, TRL's ``padding_free``) is not used. TRL
+1.16 documents it for FlashAttention 2/3 only (and disables it in its DPOTrainer); with ``sdpa``, transformers 5's
+mask code does detect the restarts (``find_packed_sequence_indices``) and builds a block-diagonal causal mask, which
+is exact, but the dense kernel then computes attention over ``(sum of lengths)^2`` positions instead of
+``sum(length^2)``: for 4 sequences of 128-1024 tokens that is ~2-3x the attention FLOPs, more than the padding left
+after sorting saves (docs/results/bench_train.md).
 """
 
 from __future__ import annotations
