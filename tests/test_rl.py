@@ -448,3 +448,52 @@ def test_grpo_loss_without_reference() -> None:
     close(stats["kl"], 0.0)
     with pytest.raises(ValueError, match="ref_logprobs"):
         grpo_loss(logprobs, logprobs.clone(), None, adv, mask, beta=0.04)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sampler correction (issue 35 item 2)
+
+
+def test_sampler_correction_weights_and_mismatch_by_hand() -> None:
+    from sleuth.train.rl import ppo_policy_loss, sampler_correction
+
+    # rho = exp(old - sampler) = 1, 3, 1/4 on the model tokens; the last position is padding (mask 0)
+    old = torch.tensor([[-1.0, -1.0, -1.0, 0.0]])
+    sampler = old - torch.log(torch.tensor([[1.0, 3.0, 0.25, 99.0]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    weights, stats = sampler_correction(old, sampler, mask, mode="tis", cap=2.0)
+    assert torch.allclose(weights, torch.tensor([[1.0, 2.0, 0.25, 1.0]]))  # min(rho, C); padding 1
+    close(stats["mismatch_abs"], (0 + math.log(3) + math.log(4)) / 3, atol=1e-6)
+    close(stats["mismatch_max"], math.log(4), atol=1e-6)
+    close(stats["corrected_share"], 1 / 3)  # only rho = 3 is truncated
+    masked, stats = sampler_correction(old, sampler, mask, mode="token_mask", cap=2.0)
+    assert torch.allclose(masked, torch.tensor([[1.0, 0.0, 0.0, 1.0]]))  # rho outside [1/2, 2]
+    close(stats["corrected_share"], 2 / 3, atol=1e-6)
+    # the sequence's geometric mean ratio (3 * 1/4)^(1/3) = 0.909 is inside [1/2, 2]: kept; with C = 1.05 not
+    kept, _ = sampler_correction(old, sampler, mask, mode="sequence_mask", cap=2.0)
+    assert torch.equal(kept, torch.ones_like(kept))
+    dropped, stats = sampler_correction(old, sampler, mask, mode="sequence_mask", cap=1.05)
+    assert torch.equal(dropped, torch.tensor([[0.0, 0.0, 0.0, 1.0]]))
+    close(stats["corrected_share"], 1.0, atol=1e-6)
+    none, stats = sampler_correction(old, sampler, mask, mode="none")
+    assert torch.equal(none, torch.ones_like(none)) and float(stats["corrected_share"]) == 0.0
+    close(stats["mismatch_abs"], (math.log(3) + math.log(4)) / 3)  # measured even when nothing is corrected
+
+    # the loss: at ratio pi/pi_old = 1 and A = 1 on every token, token-mean of -A * r * w = -(1 + 2 + 0.25) / 3,
+    # and each token's gradient is -A * w_t / 3
+    logp = old.clone().requires_grad_(True)
+    adv = torch.ones(1, 4)
+    plain, _ = ppo_policy_loss(logp, old, adv, mask)
+    close(plain, -1.0, atol=1e-6)
+    loss, _ = ppo_policy_loss(logp, old, adv, mask, is_weights=weights)
+    close(loss, -(1 + 2 + 0.25) / 3, atol=1e-6)
+    loss.backward()
+    assert logp.grad is not None
+    assert torch.allclose(logp.grad, torch.tensor([[-1 / 3, -2 / 3, -0.25 / 3, 0.0]]), atol=1e-6)
+    # GRPO: the weights multiply the surrogate, not the KL term (beta * k1 with ref = logp - 0.5: 0.5 per token)
+    loss, _ = grpo_loss(
+        old, old, old - 0.5, adv, mask, beta=0.1, kl="k1", aggregation="token-mean", is_weights=weights
+    )
+    close(loss, -(1 + 2 + 0.25) / 3 + 0.1 * 0.5, atol=1e-6)
+    with pytest.raises(ValueError, match="cap"):
+        sampler_correction(old, sampler, mask, cap=0.5)

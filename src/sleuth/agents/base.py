@@ -32,6 +32,9 @@ class Context:
     retriever: Retriever | None = None
     config: Any = None
     roles: dict[str, LLM] = field(default_factory=dict)
+    # token-in, token-out (RL rollouts): each call of the main model records its prompt ids, sampled ids and their
+    # log-probs in ``step.meta["tokens"]``, and multi-turn agents continue from ids (:func:`kept_token_ids`)
+    record_tokens: bool = False
     _special: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def model(self, role: str | None = None) -> LLM:
@@ -59,6 +62,13 @@ class Context:
         )
         if sampling.n > 1:
             step.meta["samples"] = generation.texts
+        if self.record_tokens and not role and generation.sampled_ids and generation.prompt_ids is not None:
+            # the first sample's, as ``output``: {"prompt": ids given, "sampled": ids sampled, "logprobs": each's}
+            step.meta["tokens"] = {
+                "prompt": list(generation.prompt_ids),
+                "sampled": list(generation.sampled_ids[0]),
+                "logprobs": list(generation.logprobs[0]) if generation.logprobs else None,
+            }
         if role and role in self.roles:
             step.meta["role"] = role
             step.meta["model"] = self.roles[role].spec
@@ -225,19 +235,21 @@ class Transcript:
     environment inserted (search results). Training masks observation tokens; the Trace keeps the segments in
     ``trace.meta["transcript"]`` so that a trainer can rebuild exactly which characters the model produced."""
 
-    segments: list[dict[str, str]] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)
 
-    def add(self, source: str, text: str) -> None:
+    def add(self, source: str, text: str, tokens: dict[str, Any] | None = None) -> None:
+        """Append a segment; ``tokens`` (token-in, token-out runs) adds its ids: ``{"ids": [...]}`` and, for model
+        text, ``"logprobs"`` (the sampler's) and ``"eos"`` (the end-of-sequence id sampled after it, or None)."""
         if source not in ("model", "observation", "prompt"):
             raise ValueError(f"unknown segment source {source!r}")
         if text:
-            self.segments.append({"source": source, "text": text})
+            self.segments.append({"source": source, "text": text, **(tokens or {})})
 
-    def model(self, text: str) -> None:
-        self.add("model", text)
+    def model(self, text: str, tokens: dict[str, Any] | None = None) -> None:
+        self.add("model", text, tokens)
 
-    def observation(self, text: str) -> None:
-        self.add("observation", text)
+    def observation(self, text: str, tokens: dict[str, Any] | None = None) -> None:
+        self.add("observation", text, tokens)
 
     @property
     def text(self) -> str:
@@ -251,8 +263,61 @@ class Transcript:
             at += len(s["text"])
         return out
 
-    def to_list(self) -> list[dict[str, str]]:
+    def to_list(self) -> list[dict[str, Any]]:
         return [dict(s) for s in self.segments]
+
+    def ids(self) -> list[int]:
+        """Every segment's ids in order, each model segment's ``inserted`` ids after its own (token-in runs: what
+        the model's next turn continues; the end-of-sequence ids are not part of the context)."""
+        return [t for s in self.segments for t in [*(s.get("ids") or []), *(s.get("inserted") or [])]]
+
+
+def llm_tokenizer(llm: LLM) -> Any | None:
+    """The transformers tokenizer of ``llm`` when known (``hf``: its own; ``openai``/``vllm``: the served model's,
+    ``score_tokenizer``), else None."""
+    tokenizer = getattr(llm, "tokenizer", None)
+    if tokenizer is None and callable(getattr(llm, "score_tokenizer", None)):
+        tokenizer = llm.score_tokenizer()  # type: ignore[attr-defined]
+    return tokenizer if getattr(tokenizer, "decode", None) is not None else None
+
+
+def kept_token_ids(
+    tokenizer: Any, sampled: list[int], logprobs: list[float] | None, kept: str
+) -> dict[str, Any] | None:
+    """The ids of the part of a sampled reply that an agent keeps (``kept``: its text, cut or completed).
+
+    ``sampled`` may end with an end-of-sequence id (a special token); the rest decodes to the reply. Returns
+    ``{"ids", "logprobs", "eos", "eos_logprob", "inserted"}``: the sampled ids that cover ``kept`` (the shortest
+    prefix whose text starts with ``kept``; a stop string cut mid-token keeps the whole token, as sampled), their
+    log-probs, the end-of-sequence id (and its log-prob) when nothing was cut, and ``inserted``: the ids of text the
+    agent added after everything
+    the model wrote (a ``</query>`` put back after an EOS; tokenized once here, and masked in training). None when
+    ``kept`` is neither a prefix nor an extension of the sampled text (the caller falls back to text)."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    eos = sampled[-1] if sampled and sampled[-1] in special else None
+    body = sampled[:-1] if eos is not None else list(sampled)
+    values = list(logprobs[: len(body)]) if logprobs is not None else None
+
+    def text(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    full = text(body)
+    if full == kept:
+        last = logprobs[len(body)] if eos is not None and logprobs is not None and len(logprobs) > len(body) else None
+        return {"ids": body, "logprobs": values, "eos": eos, "eos_logprob": last, "inserted": []}
+    if full.startswith(kept):
+        for j in range(len(body) + 1):
+            if text(body[:j]).startswith(kept):
+                return {
+                    "ids": body[:j],
+                    "logprobs": values[:j] if values is not None else None,
+                    "eos": None,
+                    "inserted": [],
+                }
+    if kept.startswith(full):
+        extra = list(tokenizer(kept[len(full) :], add_special_tokens=False)["input_ids"])
+        return {"ids": body, "logprobs": values, "eos": None, "eos_logprob": None, "inserted": extra}
+    return None
 
 
 # -- method options from the command line (`--set k=3 --set sampling.temperature=0.7`) ----------------------------

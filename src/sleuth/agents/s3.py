@@ -43,6 +43,8 @@ from sleuth.agents.base import (
     Inert,
     Transcript,
     inert,
+    kept_token_ids,
+    llm_tokenizer,
     load_prompt,
     register_agent,
 )
@@ -622,14 +624,27 @@ async def run_searcher(
     complete = False
     stop_at_query_end = QUERY_END in config.sampling.stop
     step: Step | None = None
+    # token-in, token-out (RL rollouts, ctx.record_tokens): from the second reply on the model continues the ids of
+    # the first prompt and of every kept reply and observation, each tokenized once (module doc of train/tokens.py)
+    tokenizer = llm_tokenizer(llm) if ctx.record_tokens else None
+    head_ids: list[int] | None = None
     for turn_index in range(config.max_turns + 1):
         final = turn_index == config.max_turns
         request, mode = searcher_request(llm, prompt, transcript.text)
+        if tokenizer is not None and head_ids is not None:
+            request.prompt_ids = head_ids + transcript.ids()
         step, _ = await ctx.generate(trace, "searcher", request, config.sampling)
         cap.context(step)
         stopped = stop_at_query_end and step.meta.get("finish_reason") == "stop"
         text, fallbacks = clean_reply(step.output or "", query_open, stopped, lenient)
-        transcript.model(text)
+        tokens = _reply_tokens(tokenizer, step, text) if tokenizer is not None else None
+        if tokenizer is not None and tokens is None:  # back to text for the rest (training re-tokenizes it)
+            tokenizer = None
+            trace.meta["tokens_off"] = f"turn {turn_index}: the kept reply does not match the sampled ids"
+        elif tokens is not None and head_ids is None:
+            head_ids = step.meta["tokens"]["prompt"]
+            trace.meta["searcher_prompt_ids"] = head_ids
+        transcript.model(text, tokens)
         turn = parse_reply(text, query_open, lenient)
         fallbacks += turn.fallbacks
 
@@ -660,7 +675,7 @@ async def run_searcher(
             action = "search"
             passages, error = await _search_round(ctx, trace, turn.query, config)
             observation, removed, cap_fallback = cap.apply(observation_text(passages, config, ctx.inert))
-            transcript.observation(observation)
+            transcript.observation(observation, _observation_tokens(tokenizer, observation))
             blocks.append(Block(query=turn.query, passages=passages, error=error, tokens_removed=removed))
             if removed:
                 blocks[-1].visible = visible_passages(passages, len(observation), config, ctx.inert)
@@ -671,7 +686,7 @@ async def run_searcher(
             action = "invalid"
             fallbacks.append("invalid_action")
             feedback, removed, cap_fallback = cap.apply(invalid_action_feedback())
-            transcript.observation(feedback)
+            transcript.observation(feedback, _observation_tokens(tokenizer, feedback))
             if removed:
                 step.meta["observation_tokens_removed"] = removed
             if cap_fallback:
@@ -694,6 +709,28 @@ async def run_searcher(
     if not complete and step is not None:  # turn limit: the context is still built from what was selected
         step.fallback = "+".join(filter(None, [step.fallback, "turn_limit"]))
     return complete
+
+
+def _reply_tokens(tokenizer: Any, step: Step, text: str) -> dict[str, Any] | None:
+    """The ids of the kept reply ``text`` from the step's sampled ids (:func:`kept_token_ids`); None when the
+    backend returned no ids or they do not match."""
+    record = step.meta.get("tokens")
+    if not record:
+        return None
+    kept = kept_token_ids(tokenizer, record["sampled"], record.get("logprobs"), text)
+    if kept is None:
+        return None
+    out = {"ids": kept["ids"], "logprobs": kept["logprobs"], "eos": kept["eos"], "eos_logprob": kept["eos_logprob"]}
+    if kept["inserted"]:
+        out["inserted"] = kept["inserted"]
+    return out
+
+
+def _observation_tokens(tokenizer: Any, text: str) -> dict[str, Any] | None:
+    """An inserted observation's ids, tokenized once, where it is inserted (token-in runs)."""
+    if tokenizer is None:
+        return None
+    return {"ids": list(tokenizer(text, add_special_tokens=False)["input_ids"])}
 
 
 async def answer_with_generator(

@@ -52,14 +52,21 @@ class Sampling:
 
 @dataclass
 class Request:
-    """One prompt: chat ``messages`` or a raw ``prompt`` (exactly one of them)."""
+    """One prompt: chat ``messages`` or a raw ``prompt`` (exactly one of them).
+
+    ``prompt_ids`` (optional, token-in): the exact token ids to continue, for a backend that takes ids (``hf``; the
+    ``openai`` backend sends them to ``/completions``, which vLLM accepts). ``messages`` / ``prompt`` then stay the
+    human-readable form of the same context (recorded in the Trace); a backend that cannot take ids uses them."""
 
     messages: Messages | None = None
     prompt: str | None = None
+    prompt_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("a Request needs exactly one of `messages` or `prompt`")
+        if self.prompt_ids is not None and not self.prompt_ids:
+            raise ValueError("Request.prompt_ids must hold at least one id (or be None)")
 
     @classmethod
     def chat(cls, user: str, system: str | None = None) -> Request:
@@ -69,13 +76,22 @@ class Request:
 
 @dataclass
 class Generation:
-    """The ``n`` completions of one request. ``finish_reasons`` are "stop" (EOS or a stop string) or "length"."""
+    """The ``n`` completions of one request. ``finish_reasons`` are "stop" (EOS or a stop string) or "length".
+
+    Token-out (backends that know their ids; None otherwise): ``token_ids`` are each text's ids (without the
+    end-of-sequence token); ``prompt_ids`` the ids the request was given to the model as; ``sampled_ids`` every id
+    sampled for each completion, in order, including the end-of-sequence id that ended it and any tokens past a
+    stop string; ``logprobs`` the sampler's log-probability of each of ``sampled_ids`` (at the sampling
+    temperature, before top-p), when the backend reports them."""
 
     texts: list[str]
     prompt_tokens: int = 0
     completion_tokens: list[int] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     token_ids: list[list[int]] | None = None
+    prompt_ids: list[int] | None = None
+    sampled_ids: list[list[int]] | None = None
+    logprobs: list[list[float]] | None = None
 
     @property
     def text(self) -> str:

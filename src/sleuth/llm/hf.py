@@ -50,6 +50,8 @@ class _RowResult:
     text: str
     token_ids: list[int]
     finish_reason: str
+    sampled_ids: list[int]
+    logprobs: list[float]
 
 
 class HFLLM(LLM):
@@ -84,6 +86,7 @@ class HFLLM(LLM):
             torch_dtype = getattr(torch, dtype, None)
             if not isinstance(torch_dtype, torch.dtype):
                 raise LLMError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        self.autocast_dtype: Any = None
         _check_model_dir(path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
@@ -93,13 +96,22 @@ class HFLLM(LLM):
         self._setup(model, tokenizer, path, max_batch, max_padding)
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, max_batch: int = 32, max_padding: float | None = None) -> HFLLM:
+    def from_model(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        max_batch: int = 32,
+        max_padding: float | None = None,
+        autocast: Any = None,
+    ) -> HFLLM:
         """A backend over an already loaded model, sharing its weights (an RL trainer samples rollouts from the
         policy it is training: every update is visible to the next generation). The caller owns train/eval mode;
-        generation runs under ``torch.inference_mode``."""
+        generation runs under ``torch.inference_mode`` (and ``torch.autocast`` to ``autocast``, a torch dtype, when
+        given: the trainer's compute dtype over fp32 master weights)."""
         llm = cls.__new__(cls)
         LLM.__init__(llm)
         llm.device = next(model.parameters()).device
+        llm.autocast_dtype = autocast
         llm._setup(model, tokenizer, getattr(model, "name_or_path", "in-memory"), max_batch, max_padding)
         return llm
 
@@ -145,7 +157,12 @@ class HFLLM(LLM):
     # ----------------------------------------------------------------------------------------------- generate
     async def generate(self, requests: list[Request], sampling: Sampling) -> list[Generation]:
         self.stats.requests += len(requests)
-        encoded = [self.encode_prompt(r.messages if r.messages is not None else r.prompt or "") for r in requests]
+        encoded = [
+            list(r.prompt_ids)
+            if r.prompt_ids is not None
+            else self.encode_prompt(r.messages if r.messages is not None else r.prompt or "")
+            for r in requests
+        ]
         # Greedy decoding gives n identical samples: compute one and repeat it.
         copies = 1 if sampling.greedy else sampling.n
         futures = [self._generate_batcher.submit(_Row(tuple(ids), sampling)) for ids in encoded for _ in range(copies)]
@@ -159,6 +176,9 @@ class HFLLM(LLM):
                 completion_tokens=[len(r.token_ids) for r in mine],
                 finish_reasons=[r.finish_reason for r in mine],
                 token_ids=[r.token_ids for r in mine],
+                prompt_ids=list(ids),
+                sampled_ids=[r.sampled_ids for r in mine],
+                logprobs=[r.logprobs for r in mine],
             )
             self.stats.prompt_tokens += generation.prompt_tokens
             self.stats.completion_tokens += sum(generation.completion_tokens)
@@ -195,22 +215,48 @@ class HFLLM(LLM):
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         if sampling.stop:
             kwargs["stopping_criteria"] = [_StopOnStrings(self.tokenizer, sampling.stop, width)]
-        with self._lock, torch.inference_mode():
+        recorder = _SampledLogprobs(1.0 if sampling.greedy else sampling.temperature)
+        kwargs["logits_processor"] = [recorder]
+        with self._lock, torch.inference_mode(), self._autocast():
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             self.stats.calls += 1
             output = self.model.generate(
                 input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs
             )
+        logprobs = recorder.finish(output[:, -1])
         results = []
-        for generated in output[:, width:].tolist():
+        for i, generated in enumerate(output[:, width:].tolist()):
             cut = next((j for j, t in enumerate(generated) if t in self.eos_ids or t == pad), None)
             ids = generated if cut is None else generated[:cut]
+            # what was sampled: the text's ids and the end-of-sequence id that ended the row (a pad id after the
+            # row finished on a stop string was not sampled)
+            sampled = ids + [generated[cut]] if cut is not None and generated[cut] in self.eos_ids else ids
             text = encodable(self.tokenizer.decode(ids, skip_special_tokens=True))
             text, stopped = truncate_at_stop(text, sampling.stop)
             finished = stopped or cut is not None or len(ids) < sampling.max_new_tokens
-            results.append(_RowResult(text=text, token_ids=ids, finish_reason="stop" if finished else "length"))
+            results.append(
+                _RowResult(
+                    text=text,
+                    token_ids=ids,
+                    finish_reason="stop" if finished else "length",
+                    sampled_ids=sampled,
+                    logprobs=logprobs[i][: len(sampled)],
+                )
+            )
         return results
+
+    def _autocast(self) -> Any:
+        """Generation under the trainer's autocast (``from_model(..., autocast=dtype)``: fp32 master weights, bf16
+        compute), else nothing."""
+        import contextlib
+
+        import torch
+
+        dtype = getattr(self, "autocast_dtype", None)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
 
     # ----------------------------------------------------------------------------------------------- score
     async def score(self, prompt: Messages | str, completion: str) -> Score:
@@ -394,6 +440,40 @@ def length_buckets(lengths: list[int], max_padding: float) -> list[list[int]]:
         current.append(i)
         real += lengths[i]
     return [*buckets, current] if current else buckets
+
+
+class _SampledLogprobs:
+    """A logits processor that records the log-probability of each sampled token at ``temperature`` (the sampling
+    distribution before top-p, as the trainer computes it). transformers runs custom processors before its
+    temperature and top-p warpers, so the scores it sees are the model's (after the repetition penalty); it keeps
+    one step's log-softmax and reads the token sampled from it at the next call (``finish``: the last one), so no
+    more than one ``(rows, vocab)`` tensor is held."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.previous: Any = None
+        self.values: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        self._read(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _read(self, sampled: Any) -> None:
+        if self.previous is not None:
+            self.values.append(self.previous.gather(-1, sampled[:, None].to(self.previous.device))[:, 0])
+            self.previous = None
+
+    def finish(self, last: Any) -> list[list[float]]:
+        """Per row, the log-prob of every generated position (``last``: the ids of the final position)."""
+        import torch
+
+        self._read(last)
+        if not self.values:
+            return [[] for _ in range(last.shape[0])]
+        return torch.stack(self.values, dim=1).cpu().tolist()
 
 
 class _StopOnStrings:

@@ -111,7 +111,12 @@ class ArenaTask(Task):
             )
             components = {k: float(v) for k, v in scores.items() if k != "total"}
             messages = [*_mark_references(step.messages, trace), {"role": "assistant", "content": step.output}]
-            out.append(Episode(group=group, messages=messages, reward=float(scores["total"]), components=components))
+            episode = Episode(group=group, messages=messages, reward=float(scores["total"]), components=components)
+            tokens = step.meta.get("tokens")
+            if tokens:  # token-in, token-out: the prompt ids as sent and every id sampled (end-of-turn included)
+                episode.prompt_ids = list(tokens["prompt"])
+                episode.pieces = [{"source": "model", "ids": tokens["sampled"], "logprobs": tokens.get("logprobs")}]
+            out.append(episode)
         return out
 
 

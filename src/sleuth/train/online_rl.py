@@ -15,8 +15,13 @@ becomes the training conversation (model-written text vs inserted observations) 
    the policy every step (``rollout_server``: :mod:`sleuth.train.served_policy`; the LoRA adapter by name, or a full
    fine-tune's weights reloaded from a saved copy). Failed runs are counted.
 2. **Rewards** from the task (format/EM/relevance/bonus for ARENA, Gain Beyond RAG for s3).
-3. **Tokens.** :func:`sleuth.train.tokens.tokenize_chat`: the ids the chat template gives the whole conversation
-   and a mask of model-written tokens; the policy loss, the KL and the value loss cover those only (state masking).
+3. **Tokens.** ``episode_tokens: sampled`` (the default; token-in, token-out): the ids the engine was given and
+   sampled, recorded in the Trace during the rollout (:func:`sleuth.train.tokens.sampled_chat`: each model turn's
+   sampled ids and end-of-turn id learn, the prompt and each observation, tokenized once when inserted, are masked),
+   with the sampler's log-prob of every model token; an episode whose engine returned no ids falls back to
+   ``retokenize`` (counted in the log as ``retokenized``): :func:`sleuth.train.tokens.tokenize_chat`, the ids the
+   chat template gives the conversation's text and a mask of model-written tokens. The policy loss, the KL and the
+   value loss cover model tokens only (state masking).
    An episode over ``max_episode_tokens`` is shortened by cutting inserted observations only
    (:func:`sleuth.train.tokens.fit_to_length`), or dropped when that cannot fit it; both are counted in the log.
 4. **Advantages.** GRPO: group-normalised sequence rewards. PPO: values from the critic, token rewards =
@@ -29,7 +34,14 @@ becomes the training conversation (model-written text vs inserted observations) 
    surrogate (+ beta * KL for GRPO, - entropy_coef * entropy for PPO) and, for PPO, the clipped value loss of the
    critic (weighted by ``vf_coef`` only for the shared head); the old log-probs are the rollout policy's, the
    reference is the initial policy (a frozen copy, or the LoRA base with its adapter disabled). During the first
-   ``critic_warmup_steps`` steps only the critic is updated (veRL's ``trainer.critic_warmup``).
+   ``critic_warmup_steps`` steps only the critic is updated (veRL's ``trainer.critic_warmup``). With the sampler's
+   log-probs known, each token's surrogate is weighted for the sampler/trainer mismatch
+   (:func:`sleuth.train.rl.sampler_correction`; ``sampler_correction: auto``: truncated importance sampling when a
+   ``rollout_server`` samples, none for the in-process engine), and the mismatch is logged either way.
+
+**Precision.** The policy and the critic keep float32 master weights and AdamW state; on a GPU with bf16 (``dtype:
+auto``), or with ``dtype: bfloat16`` / ``float16`` anywhere, the forward passes (rollouts included) run under
+``torch.autocast`` to that dtype. The frozen reference is held in the compute dtype.
 
 Every step appends one line to ``OUT/log.jsonl`` (reward and its components, KL, entropy, clip fraction, response
 length in model tokens, searches per question, episodes cut to fit and dropped, seconds); every ``save_steps`` the
@@ -252,9 +264,19 @@ class RLConfig(TrainConfig):
     # instruction or a model token, and is dropped if that is not enough (both logged). None: no limit, as the
     # references (ARENA's trainer does not truncate prompts; s3's veRL keeps whole trajectories)
     max_episode_tokens: int | None = None
+    # the ids trained on: "sampled" (token-in, token-out: those the engine sampled, recorded in the Trace) or
+    # "retokenize" (the conversation's text through the chat template; also the fallback, counted, for an episode
+    # whose engine returned no ids)
+    episode_tokens: Literal["sampled", "retokenize"] = "sampled"
+    # weights for the sampler/trainer mismatch (sleuth.train.rl.sampler_correction): "auto" (tis with a
+    # rollout_server, none for the in-process engine, which samples from the trained weights), "tis", "token_mask",
+    # "sequence_mask", "none"; sampler_cap: C (TRL's vllm_importance_sampling_cap)
+    sampler_correction: Literal["auto", "tis", "token_mask", "sequence_mask", "none"] = "auto"
+    sampler_cap: float = 2.0
     lora_r: int = 16
     lora_alpha: int = 32
-    dtype: str = "auto"  # auto: bf16 on a GPU that supports it, else fp32
+    # compute dtype over float32 master weights: auto: bf16 autocast on a GPU that supports it, else fp32
+    dtype: str = "auto"
     # several processes: "none" (each holds full replicas, DDP syncs the gradients) or "fsdp" (PyTorch FSDP2
     # fully_shard per transformer block + root for the policy, reference and separate critic; module doc, Scaling in
     # docs/training.md). With one process both are the same run.
@@ -266,6 +288,12 @@ class RLConfig(TrainConfig):
     save_steps: int = 10
     concurrency: int = 64
     progress: bool = True
+
+    def correction(self) -> str:
+        """The sampler correction in force: ``auto`` is ``tis`` with a rollout server, else ``none``."""
+        if self.sampler_correction == "auto":
+            return "tis" if self.rollout_server else "none"
+        return self.sampler_correction
 
     def validate(self) -> None:
         if self.algorithm not in ("grpo", "ppo"):
@@ -293,6 +321,16 @@ class RLConfig(TrainConfig):
         for name in ("warmup_steps", "critic_warmup_steps", "critic_lr_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.episode_tokens not in ("sampled", "retokenize"):
+            raise ValueError(f"episode_tokens={self.episode_tokens!r}; expected 'sampled' or 'retokenize'")
+        if self.sampler_correction not in ("auto", "tis", "token_mask", "sequence_mask", "none"):
+            raise ValueError(
+                f"sampler_correction={self.sampler_correction!r}; expected auto, tis, token_mask, sequence_mask, none"
+            )
+        if self.sampler_cap < 1.0:
+            raise ValueError("sampler_cap must be >= 1")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype={self.dtype!r}; expected auto, float32, bfloat16 or float16")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 2:
             raise ValueError("max_episode_tokens must be >= 2 (or null: no limit)")
         if self.sharding not in ("none", "fsdp"):
@@ -320,6 +358,14 @@ class Episode:
     mask: list[int] | None = None
     cut_tokens: int = 0  # observation tokens cut to fit max_episode_tokens
     skipped: str = ""  # why a conversation was not trained on ("too_long", "untokenizable")
+    # token-in, token-out (the task fills them when the rollout recorded ids): the ids the engine was first given,
+    # then each piece that followed ({"source": "model" | "observation" | "inserted", "ids", "logprobs"})
+    prompt_ids: list[int] | None = None
+    pieces: list[dict[str, Any]] | None = None
+    # filled by _tokenize: which ids were trained on ("sampled" or "retokenize") and, on the sampled path, the
+    # sampler's log-prob of each model token in order
+    token_path: str = ""
+    sampler_logprobs: list[float] | None = None
 
 
 class Task:
@@ -369,15 +415,11 @@ class _Models:
         self.device = device
         self.sharded = sharded
         self.replicated = replicated and not sharded
-        bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        mixed = None
-        if sharded and config.dtype == "auto":  # fp32 master weights, bf16 compute (FSDP mixed precision)
-            dtype = torch.float32
-            mixed = torch.bfloat16 if bf16 else None
-        elif config.dtype == "auto":
-            dtype = torch.bfloat16 if bf16 else torch.float32
-        else:
-            dtype = getattr(torch, config.dtype)
+        # float32 master weights and optimizer state always; the compute dtype (bf16 on a GPU that has it, under
+        # dtype auto) through torch.autocast, or FSDP's mixed precision when sharded
+        dtype, compute = master_and_compute_dtypes(config.dtype, self.device)
+        mixed = compute if sharded else None
+        self.compute_dtype = None if sharded else compute
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -390,8 +432,8 @@ class _Models:
             saved = resume / "policy" if resume is not None and not sharded else None
             self.policy = _with_lora(self.policy, config, saved)
         else:
-            # sharded with mixed precision: the frozen reference is held in bf16 (no master weights to keep)
-            ref_dtype = mixed or dtype
+            # the frozen reference is held in the compute dtype (no master weights to keep)
+            ref_dtype = compute or dtype
             self.reference = AutoModelForCausalLM.from_pretrained(path, dtype=ref_dtype).to(self.device).eval()
             self.reference.requires_grad_(False)
         self.value_head = None
@@ -482,9 +524,21 @@ class _Models:
         if self.critic is not None:
             self.trained_values.train(mode)
 
+    def autocast(self) -> Any:
+        """``torch.autocast`` to the compute dtype over the float32 master weights (unsharded), else nothing."""
+        import torch
+
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
     def forward(self, ids: Any, attention: Any, reference: bool = False, values: bool = False) -> tuple[Any, Any]:
         """Logits (and values: one per position, the state before the next token) of a padded batch. A pass with
         gradients enabled goes through the DDP wrappers (replicated runs), any other through the plain modules."""
+        with self.autocast():
+            return self._forward(ids, attention, reference, values)
+
+    def _forward(self, ids: Any, attention: Any, reference: bool, values: bool) -> tuple[Any, Any]:
         import torch
 
         if reference:
@@ -509,7 +563,8 @@ class _Models:
         import torch
 
         assert self.critic is not None
-        return (self.trained_values if torch.is_grad_enabled() else self.critic)(ids, attention)
+        with self.autocast():
+            return (self.trained_values if torch.is_grad_enabled() else self.critic)(ids, attention)
 
     def no_sync(self, accumulate: bool, policy: bool = True) -> contextlib.ExitStack:
         """Replicated: the passes run in this block keep their gradients local (``accumulate``: every pass of an
@@ -670,6 +725,22 @@ class _Models:
             loss.backward()
 
 
+def master_and_compute_dtypes(dtype: str, device: Any) -> tuple[Any, Any]:
+    """``(weights, compute)`` torch dtypes of a trained model: the weights (and so AdamW's state) are always float32;
+    compute is bf16 for ``auto`` on a GPU that supports it, the named dtype for ``bfloat16`` / ``float16`` (on a CPU
+    too: autocast to bf16 works there), None (plain float32) otherwise. Stepping AdamW on bf16 weights at a small
+    learning rate drops most updates in the rounding (tests/test_online_rl.py)."""
+    import torch
+
+    if dtype == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.float32, torch.bfloat16 if bf16 else None
+    named = getattr(torch, dtype, None)
+    if not isinstance(named, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return torch.float32, None if named == torch.float32 else named
+
+
 def _fully_shard(model: Any, mixed: Any) -> None:
     """FSDP2: each transformer block (the classes the model names in ``_no_split_modules``) its own unit, then the
     rest at the root; gradients are summed, not averaged, over processes (every loss is already normalised by the
@@ -826,11 +897,14 @@ def _passes(models: _Models, dist: DataParallel | None, n: int, backward: bool =
 def _rollout_stats(
     models: _Models, episodes: list[Episode], config: RLConfig, dist: DataParallel | None = None
 ) -> list[dict[str, Any]]:
-    """Per episode, with no gradient: old log-probs (the rollout policy), reference log-probs, values."""
+    """Per episode, with no gradient: old log-probs (the rollout policy), reference log-probs, values; where the
+    sampler's log-probs are known, ``sampler`` (aligned with ``old``), ``sampler_mask`` (where they are) and
+    ``old_t`` (the trainer's at the sampling temperature, what the sampler's are compared with)."""
     import torch
 
     from sleuth.train import rl
 
+    temperature = config.temperature if config.temperature > 0 else 1.0
     out = []
     chunks = _chunks(episodes, config.micro_batch)
     for _ in range(_passes(models, dist, len(chunks))):
@@ -847,8 +921,53 @@ def _rollout_stats(
                 row = {"old": old[i, :n].cpu(), "ref": ref[i, :n].cpu(), "mask": mask[i, 1 : n + 1].cpu()}
                 if values is not None:
                     row["values"] = values[i, :n].float().cpu()
+                if e.sampler_logprobs is not None and len(e.sampler_logprobs) == int(row["mask"].sum()):
+                    model = row["mask"] > 0
+                    row["sampler"] = torch.zeros(n)
+                    row["sampler"][model] = torch.tensor(e.sampler_logprobs, dtype=torch.float32)
+                    row["sampler_mask"] = row["mask"].clone()
+                    row["old_t"] = row["old"]
+                    if temperature != 1.0:
+                        scaled = logits[i : i + 1, :n].float() / temperature
+                        row["old_t"] = rl.token_logprobs(scaled, ids[i : i + 1, 1 : n + 1])[0].cpu()
                 out.append(row)
     return out
+
+
+def _sampler_correction(stats: list[dict[str, Any]], config: RLConfig, dist: DataParallel) -> dict[str, float]:
+    """Fill ``stats[i]["is_w"]`` (the per-token weights of :func:`sleuth.train.rl.sampler_correction`, all 1 where the
+    sampler's log-probs are unknown or the correction is off) and return the logged mismatch over every process:
+    ``sampler_mismatch_abs`` (mean |old - sampler| log-prob over model tokens), ``sampler_mismatch_max``,
+    ``sampler_corrected`` (share of model tokens truncated or masked), ``sampler_tokens`` (model tokens compared)."""
+    import torch
+
+    from sleuth.train import rl
+
+    mode = config.correction()
+    count = total = corrected = 0.0
+    largest = 0.0
+    for row in stats:
+        row["is_w"] = torch.ones_like(row["old"])
+        if "sampler" not in row:
+            continue
+        weights, terms = rl.sampler_correction(
+            row["old_t"][None], row["sampler"][None], row["sampler_mask"][None], mode=mode, cap=config.sampler_cap
+        )  # type: ignore[arg-type]
+        row["is_w"] = weights[0]
+        n = float(row["sampler_mask"].sum())
+        count += n
+        total += float(terms["mismatch_abs"]) * n
+        corrected += float(terms["corrected_share"]) * n
+        largest = max(largest, float(terms["mismatch_max"]))
+    count, total, corrected = dist.sum([count, total, corrected])
+    if not count:
+        return {}
+    return {
+        "sampler_mismatch_abs": total / count,
+        "sampler_mismatch_max": max(dist.gather(largest)),
+        "sampler_corrected": corrected / count,
+        "sampler_tokens": count,
+    }
 
 
 def _advantages(
@@ -934,6 +1053,7 @@ def _update(
 
     ppo = config.algorithm == "ppo"
     separate = models.critic is not None
+    correct = config.correction() != "none" and all("is_w" in row for row in stats)
     logged: Counter[str] = Counter()
     grad_norms: list[float] = []
     critic_norms: list[float] = []
@@ -990,6 +1110,7 @@ def _update(
                         logp = rl.token_logprobs(logits, ids[:, 1:])
                         old = _pad_rows(rows, "old", width, models.device)
                         adv = _pad_rows(rows, "adv", width, models.device)
+                        is_w = _pad_rows(rows, "is_w", width, models.device) if correct else None
                         if config.algorithm == "grpo":
                             ref = _pad_rows(rows, "ref", width, models.device)
                             policy_loss, terms = rl.grpo_loss(
@@ -1002,10 +1123,17 @@ def _update(
                                 beta=config.beta,
                                 kl=config.kl,  # type: ignore[arg-type]
                                 aggregation=config.loss_aggregation,  # type: ignore[arg-type]
+                                is_weights=is_w,
                             )
                         else:
                             policy_loss, terms = rl.ppo_policy_loss(
-                                logp, old, adv, mask, clip_eps=config.clip_eps, aggregation=config.loss_aggregation
+                                logp,
+                                old,
+                                adv,
+                                mask,
+                                clip_eps=config.clip_eps,
+                                aggregation=config.loss_aggregation,  # type: ignore[arg-type]
+                                is_weights=is_w,
                             )
                         entropy = rl.masked_mean(
                             rl.entropy_from_logits(logits if config.entropy_coef else logits.detach()), mask
@@ -1084,20 +1212,35 @@ def _rollouts(
             copies.append(copy)
     sampling = dataclasses.replace(agent.sampling, seed=config.seed * 1_000_003 + step + 7_919 * rank)
     agent = dataclasses.replace(agent, sampling=sampling)
-    return run(task.method, copies, task.context(llm, agent), concurrency=config.concurrency, progress=False)
+    context = task.context(llm, agent)
+    context.record_tokens = config.episode_tokens == "sampled"  # token-in, token-out
+    return run(task.method, copies, context, concurrency=config.concurrency, progress=False)
 
 
-def _tokenize(episode: Episode, tokenizer: Any, max_tokens: int | None) -> bool:
+def _tokenize(episode: Episode, tokenizer: Any, max_tokens: int | None, mode: str = "sampled") -> bool:
     """Fill ``episode.input_ids`` / ``mask`` (within ``max_tokens``, observations cut to fit); False, with the reason
-    in ``episode.skipped``, when it has nothing to train on. Never raises on what a model wrote."""
-    from sleuth.train.tokens import TokenizationError, fit_to_length, tokenize_chat
+    in ``episode.skipped``, when it has nothing to train on. Never raises on what a model wrote.
 
-    if episode.messages is None:
+    ``mode`` ``sampled``: the ids recorded in the rollout (``episode.prompt_ids`` and ``pieces``) when the task
+    filled them, with the sampler's log-probs; otherwise (and with ``retokenize``) the conversation's text through
+    the chat template. ``episode.token_path`` says which."""
+    from sleuth.train.tokens import TokenizationError, fit_to_length, prompt_observations, sampled_chat, tokenize_chat
+
+    if episode.messages is None and episode.pieces is None:
         return False
-    try:
-        chat = tokenize_chat(tokenizer, episode.messages)
-    except TokenizationError:
-        episode.skipped = "untokenizable"
+    if mode == "sampled" and episode.prompt_ids is not None and episode.pieces is not None:
+        prompt = (episode.messages or [])[:-1]  # the conversation before the (last) assistant message
+        observed = prompt_observations(tokenizer, prompt, episode.prompt_ids)
+        chat, episode.sampler_logprobs = sampled_chat(episode.prompt_ids, episode.pieces, observed)
+        episode.token_path = "sampled"
+    elif episode.messages is not None:
+        try:
+            chat = tokenize_chat(tokenizer, episode.messages)
+        except TokenizationError:
+            episode.skipped = "untokenizable"
+            return False
+        episode.token_path = "retokenize"
+    else:
         return False
     fitted = fit_to_length(chat, max_tokens)
     if fitted is None:
@@ -1199,7 +1342,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         sharded=config.sharding == "fsdp" and (dist.world > 1 or torch.distributed.is_initialized()),
         replicated=dist.world > 1,
     )
-    llm = HFLLM.from_model(models.policy, models.tokenizer)
+    llm = HFLLM.from_model(models.policy, models.tokenizer, autocast=models.compute_dtype)
     served = None
     if config.rollout_server:
         from sleuth.train.served_policy import ServedPolicy
@@ -1227,7 +1370,9 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
             traces = _rollouts(task, llm, agent, batch, config, step, dist.rank)
         t_rollout = time.perf_counter() - t0
         episodes = task.episodes(traces)
-        usable = [e for e in episodes if _tokenize(e, models.tokenizer, config.max_episode_tokens)]
+        usable = [
+            e for e in episodes if _tokenize(e, models.tokenizer, config.max_episode_tokens, config.episode_tokens)
+        ]
         # the step's traces go to process 0 for the store; the log's numbers (small) to every process
         parts = dist.gather_to_main((traces, episodes))
         if parts is not None:
@@ -1241,6 +1386,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
                 sum(e.mask) if e.input_ids is not None and e.mask else None,
                 e.cut_tokens,
                 e.skipped,
+                e.token_path,
             )
             for e in episodes
         ]
@@ -1255,6 +1401,9 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         entry["failed"] = len(rows) - len(trained) - entry["too_long"]
         entry["truncated"] = sum(1 for r in rows if r[4])  # episodes whose observations were cut to fit
         entry["truncated_tokens"] = sum(r[4] for r in rows)
+        # trained on the ids sampled, or re-tokenized (episode_tokens: retokenize, or an engine that returned no ids)
+        entry["sampled_episodes"] = sum(r[3] is not None and r[6] == "sampled" for r in rows)
+        entry["retokenized"] = sum(r[3] is not None and r[6] == "retokenize" for r in rows)
         entry["searches"] = sum(r[2] for r in rows) / max(len(rows), 1)
         entry["response_tokens"] = sum(trained) / max(len(trained), 1)
         entry.update(rates)
@@ -1263,6 +1412,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         if trained:  # the same decision on every process (from the gathered numbers)
             models.train()
             stats = _rollout_stats(models, usable, config, dist)
+            entry.update(_sampler_correction(stats, config, dist))
             entry.update(_advantages(usable, stats, config, dist))
             entry.update(_update(models, usable, stats, config, dist, actor=actor))
         entry["seconds"] = round(time.perf_counter() - t0, 2)

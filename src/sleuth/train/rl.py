@@ -50,15 +50,18 @@ __all__ = [
     "micro_batch_weights",
     "ppo_policy_loss",
     "token_logprobs",
+    "sampler_correction",
     "value_loss",
 ]
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLKind = Literal["k1", "k2", "k3", "arena", "abs"]
 MicroBatchAggregation = Literal["mini_batch_mean", "micro_batch_mean"]
+SamplerCorrection = Literal["tis", "token_mask", "sequence_mask", "none"]
 
 _AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 _KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "arena", "abs")
+SAMPLER_CORRECTIONS: tuple[str, ...] = ("tis", "token_mask", "sequence_mask", "none")
 MICRO_BATCH_AGGREGATIONS: tuple[str, ...] = ("mini_batch_mean", "micro_batch_mean")
 
 
@@ -426,6 +429,7 @@ def ppo_policy_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     aggregation: Aggregation = "token-mean",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, Eq. 7), as a loss to minimise.
 
@@ -439,8 +443,13 @@ def ppo_policy_loss(
     Stats: ``clip_fraction`` = share of counted tokens where the clipped term is the active one (its gradient is 0),
     ``approx_kl`` = masked mean of old_logp - logp (k1 estimate of KL(old || new) on tokens sampled from old),
     ``ratio_mean``; all detached.
+
+    ``is_weights`` (``(batch, tokens)``, from :func:`sampler_correction`) multiply each token's surrogate: the
+    correction for rollouts sampled by another engine than the trainer.
     """
     per_token, clip_active = _clipped_surrogate(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     loss = aggregate_loss(per_token, mask, aggregation)
     with torch.no_grad():
         stats = {
@@ -489,6 +498,7 @@ def grpo_loss(
     kl: KLKind = "k3",
     aggregation: Aggregation = "seq-mean-token-mean",
     clip_eps_high: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss (DeepSeekMath §4.1 Eq. 3, ARENA digest §6.1): PPO-clip surrogate plus beta * KL(pi || ref) per token.
 
@@ -501,8 +511,12 @@ def grpo_loss(
 
     Stats (detached): ``kl`` = masked mean of the per-token KL estimate (0 when beta is 0 and no reference is given),
     ``clip_fraction``, ``approx_kl`` (old vs new, as in :func:`ppo_policy_loss`).
+
+    ``is_weights`` multiply the surrogate only (not the KL term), as in :func:`ppo_policy_loss`.
     """
     per_token, clip_active = _clipped_surrogate(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     if ref_logprobs is not None:
         m = mask != 0
         zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
@@ -523,3 +537,64 @@ def grpo_loss(
             "approx_kl": masked_mean(old_logprobs - logprobs, mask),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def sampler_correction(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: SamplerCorrection = "tis",
+    cap: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token weights that correct for rollouts sampled by an engine whose distribution is not the trainer's.
+
+    With ``rho_t = exp(old_logp_t - sampler_logp_t)`` (the trainer's old policy over the sampler's, on the sampled
+    token; both at the sampling temperature):
+
+    - ``"tis"`` (truncated importance sampling): ``w_t = min(rho_t, cap)`` (TRL's ``vllm_importance_sampling_cap``,
+      veRL's ``rollout_is_threshold``);
+    - ``"token_mask"``: ``w_t = 1`` when ``1/cap <= rho_t <= cap``, else 0 (the token drops out of the surrogate);
+    - ``"sequence_mask"``: the sequence's geometric-mean ratio ``exp(mean_t log rho_t)`` over its model tokens;
+      every token of a sequence outside ``[1/cap, cap]`` gets 0, the others 1;
+    - ``"none"``: every weight 1 (the mismatch is still measured).
+
+    The weights multiply the policy-gradient surrogate per token (``is_weights`` of :func:`ppo_policy_loss`,
+    :func:`grpo_loss`); they carry no gradient. Weights at mask-0 positions are 1.
+
+    Stats (detached): ``mismatch_abs`` = masked mean of ``|old_logp - sampler_logp|``, ``mismatch_max`` its max,
+    ``corrected_share`` = share of model tokens whose weight the correction changed (truncated or masked).
+    """
+    if mode not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"sampler correction {mode!r}; expected one of {SAMPLER_CORRECTIONS}")
+    if cap < 1.0:
+        raise ValueError("the importance-sampling cap must be >= 1")
+    m = mask != 0
+    zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
+    log_rho = torch.where(m, old_logprobs.detach() - sampler_logprobs.detach(), zero)
+    rho = torch.exp(log_rho)
+    ones = torch.ones_like(rho)
+    if mode == "tis":
+        weights = torch.clamp(rho, max=cap)
+        changed = rho > cap
+    elif mode == "token_mask":
+        changed = (rho > cap) | (rho < 1.0 / cap)
+        weights = torch.where(changed, torch.zeros_like(rho), ones)
+    elif mode == "sequence_mask":
+        counts = m.sum(-1).clamp(min=1)
+        seq_rho = torch.exp(log_rho.sum(-1) / counts)
+        outside = (seq_rho > cap) | (seq_rho < 1.0 / cap)
+        changed = outside.unsqueeze(-1).expand_as(rho)
+        weights = torch.where(changed, torch.zeros_like(rho), ones)
+    else:
+        weights = ones
+        changed = torch.zeros_like(m)
+    weights = torch.where(m, weights, ones)
+    changed = changed & m
+    with torch.no_grad():
+        gap = log_rho.abs()
+        stats = {
+            "mismatch_abs": masked_mean(gap, mask),
+            "mismatch_max": gap.max() if gap.numel() else zero,
+            "corrected_share": masked_mean(changed.to(rho.dtype), mask),
+        }
+    return weights.detach(), stats

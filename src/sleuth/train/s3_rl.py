@@ -128,6 +128,35 @@ def trajectory_messages(trace: Trace) -> list[dict[str, Any]] | None:
     return [user, {"role": "assistant", "segments": segments}]
 
 
+def trajectory_pieces(trace: Trace) -> tuple[list[int], list[dict[str, Any]]] | None:
+    """The searcher's trajectory as ids (token-in, token-out rollouts): the first prompt's ids as the engine got them
+    and the pieces that followed, for :func:`sleuth.train.tokens.sampled_chat`: each kept reply's sampled ids
+    (``model``, with the sampler's log-probs; the last one with its end-of-turn id when one was sampled), each
+    observation's ids (``observation``) and text the agent put back after a reply (``inserted``). None when the
+    rollout recorded no ids, or not for every segment (the trainer then re-tokenizes the text)."""
+    head = trace.meta.get("searcher_prompt_ids")
+    segments = [s for s in trace.meta.get("transcript") or [] if s.get("text")]
+    if not head or trace.meta.get("tokens_off") or not segments or any("ids" not in s for s in segments):
+        return None
+    pieces: list[dict[str, Any]] = []
+    for i, segment in enumerate(segments):
+        if segment["source"] != "model":
+            pieces.append({"source": segment["source"], "ids": list(segment["ids"])})
+            continue
+        ids, logprobs = list(segment["ids"]), segment.get("logprobs")
+        logprobs = list(logprobs) if logprobs is not None else None
+        last = i == len(segments) - 1 and not segment.get("inserted")
+        if last and segment.get("eos") is not None:  # the reply that ended the message: its end-of-turn id learns
+            ids.append(int(segment["eos"]))
+            logprobs = (
+                [*logprobs, segment["eos_logprob"]] if logprobs and segment.get("eos_logprob") is not None else None
+            )
+        pieces.append({"source": "model", "ids": ids, "logprobs": logprobs})
+        if segment.get("inserted"):
+            pieces.append({"source": "inserted", "ids": list(segment["inserted"])})
+    return list(head), pieces
+
+
 class S3Task(Task):
     method = "s3"
 
@@ -176,15 +205,16 @@ class S3Task(Task):
                 "acc_naive": float(scores["acc_naive"]),
                 "selected": float(len(trace.meta.get("selected_ids") or [])),
             }
-            out.append(
-                Episode(
-                    group=group,
-                    messages=messages,
-                    reward=float(scores["reward"]),
-                    components=components,
-                    searches=searches,
-                )
+            episode = Episode(
+                group=group,
+                messages=messages,
+                reward=float(scores["reward"]),
+                components=components,
+                searches=searches,
             )
+            if (tokens := trajectory_pieces(trace)) is not None:
+                episode.prompt_ids, episode.pieces = tokens
+            out.append(episode)
         return out
 
 

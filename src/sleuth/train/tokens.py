@@ -19,6 +19,13 @@ the assistant contents with their end-of-turn tokens, which the tests check on a
 Inserted text from outside (retrieved documents, given references) can be marked as ``observation`` segments of any
 message; its tokens are then known too (``observation_mask``), and :func:`fit_to_length` can shorten an episode
 that is over a token limit by cutting observation tokens only, never the instruction or a model token.
+
+**Sampled ids (token-in, token-out).** Re-tokenizing the text is a fallback: the ids it gives are not always those
+the model sampled (a BPE merge across a turn boundary, a stop string cut mid-token, a template that rewrites earlier
+turns). :func:`sampled_chat` builds the same :class:`TokenizedChat` from ids recorded during the rollout instead:
+the prompt's ids as the engine received them, then each model turn's sampled ids (mask 1, with the end-of-turn id
+when the model sampled one) and each inserted observation's ids, tokenized once when it was inserted (mask 0).
+:func:`prompt_observations` marks the observations inside the prompt so that :func:`fit_to_length` works the same.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ __all__ = [
     "TokenizationError",
     "fit_to_length",
     "observation_segments",
+    "prompt_observations",
+    "sampled_chat",
     "tokenize_chat",
 ]
 
@@ -255,3 +264,60 @@ def fit_to_length(chat: TokenizedChat, max_tokens: int | None, keep_tail: int = 
         cut_tokens=chat.cut_tokens + len(drop),
         cut_observations=cut_observations,
     )
+
+
+def prompt_observations(tokenizer: Any, messages: Sequence[dict[str, Any]], prompt_ids: Sequence[int]) -> list[int]:
+    """``observation_mask`` of a prompt given as ids (the ids an engine was sent, which end with the generation
+    prompt): the observations marked in ``messages`` (``segments``, as :func:`tokenize_chat` reads them), when the
+    rendering of ``messages`` tokenizes to a prefix of ``prompt_ids`` (after a leading BOS); all 0 otherwise (the
+    prompt then has nothing :func:`fit_to_length` may cut)."""
+    none = [0] * len(prompt_ids)
+    if not messages:
+        return none
+    try:
+        chat = tokenize_chat(tokenizer, messages, model_roles=())
+    except TokenizationError:
+        return none
+    ids = list(prompt_ids)
+    for skip in (0, 1):
+        if ids[skip : skip + len(chat)] == chat.input_ids:
+            return [0] * skip + chat.observation_mask + [0] * (len(ids) - skip - len(chat))
+    return none
+
+
+def sampled_chat(
+    prompt_ids: Sequence[int], pieces: Sequence[dict[str, Any]], prompt_observation_mask: Sequence[int] | None = None
+) -> tuple[TokenizedChat, list[float] | None]:
+    """An episode from the ids of its rollout: ``prompt_ids`` then ``pieces`` in order, each ``{"source", "ids"}``
+    with source ``model`` (sampled: mask 1; ``logprobs``, the sampler's, one per id), ``observation`` (inserted
+    evidence: mask 0, cuttable by :func:`fit_to_length`) or anything else (inserted text that stays: mask 0).
+
+    Returns the chat (``text`` empty: the Trace holds the text) and the sampler's log-prob of every model token in
+    order, or None when a model piece has none."""
+    ids = list(prompt_ids)
+    mask = [0] * len(ids)
+    observed = list(prompt_observation_mask) if prompt_observation_mask is not None else [0] * len(ids)
+    if len(observed) != len(ids):
+        raise ValueError("prompt_observation_mask must have one entry per prompt id")
+    which = max(observed, default=0)
+    logprobs: list[float] | None = []
+    for piece in pieces:
+        piece_ids = [int(t) for t in piece.get("ids") or []]
+        source = piece.get("source")
+        if source == "model":
+            values = piece.get("logprobs")
+            if logprobs is not None and values is not None and len(values) == len(piece_ids):
+                logprobs.extend(float(v) for v in values)
+            else:
+                logprobs = None
+            mask += [1] * len(piece_ids)
+            observed += [0] * len(piece_ids)
+        elif source == "observation":
+            which += 1
+            mask += [0] * len(piece_ids)
+            observed += [which] * len(piece_ids)
+        else:
+            mask += [0] * len(piece_ids)
+            observed += [0] * len(piece_ids)
+        ids += piece_ids
+    return TokenizedChat(input_ids=ids, model_mask=mask, text="", observation_mask=observed), logprobs
