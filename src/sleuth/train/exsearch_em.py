@@ -46,14 +46,14 @@ documents and the finalization instruction are masked (``-100``), see :func:`wei
 
 Sampling and evaluation run on ``engine`` (``hf``, ``vllm`` or a ``vllm:{model}?...`` template, as in
 :mod:`sleuth.train.mdpo`: a vLLM server sleuth starts on θ(t), kept from θ(t)'s dev evaluation, stopped before the
-M-step). Scoring (``best_of`` and the weights) runs on that server too (``score_on_engine``, default true): its
-``score`` formats the chat messages and tokenizes as the ``hf`` backend does and reads the completion tokens'
-log-probs from ``/v1/completions`` (``prompt_logprobs`` on token ids), the same values as ``hf`` (tested to
-float32 kernel noise, ``tests/test_vllm_server.py``); the server is then stopped after the weights. With
-``score_on_engine: false``, or a server that cannot score chat prompts, scoring is on the ``hf:`` backend of θ(t)
-with ``llm_options`` (:class:`EngineAndScorer`): with ``best_of > 1`` both are loaded during the E-step (on a GPU
-give the server room: ``gpu_memory_utilization`` in the engine spec); with ``best_of = 1`` the server is stopped
-before the scorer loads. ``estep.json`` records which engine sampled and which scored.
+M-step). Scoring (``best_of`` and the weights) can run on that server too (``score_on_engine: true``): its ``score``
+formats the chat messages and tokenizes as the ``hf`` backend does and reads the completion tokens' log-probs from
+``/v1/completions`` (``prompt_logprobs`` on token ids), the same values as ``hf`` (tested to float32 kernel noise,
+``tests/test_vllm_server.py``); the server is then stopped after the weights. With ``score_on_engine: false`` (the
+default: slower on the 2-core CPU, docs/training.md) or a server that cannot score chat prompts, scoring is on the
+``hf:`` backend of θ(t) with ``llm_options`` (:class:`EngineAndScorer`): with ``best_of > 1`` both are loaded during
+the E-step (on a GPU give the server room: ``gpu_memory_utilization`` in the engine spec); with ``best_of = 1`` the
+server is stopped before the scorer loads. ``estep.json`` records which engine sampled and which scored.
 
 After each M-step θ(t+1) answers the dev questions greedily (EM / F1); training stops early when dev EM has not
 improved for ``patience`` iterations and ``best_model`` in the summary names the best one.
@@ -160,7 +160,7 @@ class EMConfig(HFTrainConfig, WorldConfig):
     train_limit: int | None = None  # E-step questions per iteration (None: all)
     dev_limit: int | None = 100  # dev questions for early stopping (0: none, then no early stopping)
     llm_options: str = ""  # options of the hf: backend (sampling and evaluation with engine=hf; hf scoring)
-    score_on_engine: bool = True  # a vLLM engine also scores p(y | x, z) (best_of, weights); false: the hf: backend
+    score_on_engine: bool = False  # true: a vLLM engine also scores p(y | x, z); slower on the 2-core CPU (docs)
     agent: ExSearchConfig = field(default_factory=ExSearchConfig)  # evaluation uses it as is (greedy)
     # Warm-up [paper §4.5: 1,000 GPT-4o-written HotpotQA trajectories; here FireAct ReAct + synthetic gold]
     warmup: bool = True
