@@ -119,7 +119,8 @@ def test_exsearch_samples_on_the_server_and_scores_on_hf(
 
     monkeypatch.setattr(exsearch_em, "train_weighted", train_alone)
     config = _loop_config(tmp_path, tiny_model_dir, iterations=1, warmup=False, train_limit=2, dev_limit=1)
-    config = dataclasses.replace(config, engine=f"vllm:{{model}}?python={fake_python}&startup_timeout=120")
+    engine = f"vllm:{{model}}?python={fake_python}&startup_timeout=120"
+    config = dataclasses.replace(config, engine=engine, score_on_engine=True)  # asked for, refused by the stand-in
     summary = exsearch_em.train_exsearch(config)
 
     out = tmp_path / "run"
@@ -371,3 +372,108 @@ def test_real_vllm_serves_online_rl_rollouts_from_a_vllm_rollout_server(tmp_path
     assert text.count('"POST /v1/chat/completions HTTP/1.1" 200') >= 2 * 2 * 3  # 2 steps x 2 questions x group 3
     port = log.stem.rsplit("-", 1)[1]
     assert [p for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
+
+
+# -------------------------------------------------------------------- full fine-tuning on the real vLLM
+
+
+def full_policy(seed: int) -> Any:
+    """SmolLM2 in float32 with every weight moved by N(0, 0.01) noise (the embedding, tied to the LM head, too)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sleuth.assets import default_model_dir
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.01)
+    return model.eval()
+
+
+def greedy(llm: Any, prompts: list[str], tokens: int = 24) -> tuple[list[str], float]:
+    started = time.perf_counter()
+    sampling = Sampling(max_new_tokens=tokens, temperature=0.0)
+    out = asyncio.run(llm.generate([Request.chat(p) for p in prompts], sampling))
+    return [g.text for g in out], time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def full_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real vLLM server on the embedded SmolLM2, started by a full-weights ServedPolicy (so in dev mode)."""
+    require_real_vllm()
+    from sleuth.train.served_policy import ServedPolicy
+
+    started = time.monotonic()
+    spec = f"vllm:default?python={VLLM_PYTHON}"
+    served = ServedPolicy(spec, tmp_path_factory.mktemp("served-full"), OneProcess(), mode="full")
+    sys.stderr.write(f"\nreal vLLM server in dev mode ready in {time.monotonic() - started:.0f} s\n")
+    yield served
+    server = served.template.server
+    served.close()
+    assert not server.running()
+
+
+@pytest.mark.vllm
+def test_real_vllm_reloads_a_full_fine_tune_and_samples_what_hf_samples(full_server: Any) -> None:
+    from transformers import AutoTokenizer
+
+    from sleuth.assets import default_model_dir
+    from sleuth.llm.hf import HFLLM
+    from sleuth.llm.openai_compat import OpenAICompatLLM
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    t = full_server.template
+    base, _ = greedy(OpenAICompatLLM(t.model, t.base_url, timeout=600, max_retries=0), LORA_PROMPTS)
+    prompt, text = [{"role": "user", "content": LORA_PROMPTS[1]}], "It was written by William Shakespeare."
+    seen = [base]
+    for step, seed in enumerate((1, 2)):
+        policy = full_policy(seed)
+        started = time.perf_counter()
+        served = full_server.publish(policy, step)
+        publish_s = time.perf_counter() - started
+        # the same prompts each time: KV cached from the old weights would be reused without the reset
+        through_vllm, vllm_s = greedy(served, LORA_PROMPTS)
+        expected, hf_s = greedy(HFLLM.from_model(policy, tokenizer), LORA_PROMPTS)
+        parts = ", ".join(f"{k} {v:.2f} s" for k, v in full_server.seconds.items())
+        sys.stderr.write(
+            f"\nfull weights on vLLM, step {step}: publish {publish_s:.2f} s ({parts}); {len(LORA_PROMPTS)} prompts "
+            f"x 24 tokens greedy: vllm {vllm_s:.2f} s, hf {hf_s:.2f} s\n"
+        )
+        assert served.model == t.model and served.base_url == t.base_url
+        # token-exact log-probs: every weight, the tied LM head too, is the trained model's
+        served_logprob = asyncio.run(t.score(prompt, text)).logprob
+        assert served_logprob == pytest.approx(
+            asyncio.run(HFLLM.from_model(policy, tokenizer).score(prompt, text)).logprob, abs=1e-3
+        )
+        assert through_vllm == expected
+        assert all(through_vllm != before for before in seen)  # each reload changed what the server samples
+        seen.append(through_vllm)
+    assert [p.name for p in full_server.directory.iterdir()] == ["step-00001"]
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+def test_real_vllm_serves_online_rl_rollouts_of_a_full_fine_tune(full_server: Any, tmp_path: Path) -> None:
+    """Two PPO steps of a fully fine-tuned SmolLM2 (s3's reference setting) whose rollouts come from a vLLM server
+    (attached here: the module's, in dev mode) that reloads the policy's weights before each step."""
+    from sleuth.assets import default_model_dir
+    from sleuth.train.online_rl import train_online
+    from tests.test_online_rl import DirectTask, _config, _examples
+
+    server_log = full_server.template.server.log_path
+    before = server_log.read_text(errors="replace")
+    spec = f"vllm:?url={full_server.template.base_url}"
+    config = _config(tmp_path, default_model_dir(), algorithm="ppo", rollout_server=spec, steps=2, group_size=2)
+    started = time.perf_counter()
+    train_online(config, DirectTask(lambda t: float("Ann" in (t.answer or ""))), _examples())
+    sys.stderr.write(f"\nonline RL, 2 full-weight PPO steps through vLLM: {time.perf_counter() - started:.0f} s\n")
+    during = server_log.read_text(errors="replace")[len(before) :]
+    assert during.count('"POST /collective_rpc HTTP/1.1" 200') == 2  # one reload per step
+    assert during.count('"POST /reset_prefix_cache HTTP/1.1" 200') == 3  # the check at the start, then per step
+    assert during.count('"POST /v1/chat/completions HTTP/1.1" 200') >= 2 * 2 * 2  # 2 steps x 2 questions x group 2
+    log = [json.loads(line) for line in (tmp_path / "rl" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0, 1] and all(r["publish_seconds"] > 0 for r in log)
+    sys.stderr.write(f"publish_seconds per step: {[r['publish_seconds'] for r in log]}\n")
+    assert list((tmp_path / "rl" / "served").iterdir()) == []  # the last copy goes when the run ends
