@@ -34,18 +34,17 @@ reachable ``host=``, or start one yourself and pass its ``url=``).
 vLLM's server can reload a model's weights in place from a directory: its development routes (on with
 ``VLLM_SERVER_DEV_MODE=1``) include ``POST /collective_rpc``, which calls a method on every worker, and the workers'
 ``reload_weights(weights_path=DIR)`` reads the checkpoint in ``DIR`` through the model loader into the parameters the
-server already holds (same storage, so compiled graphs stay valid). Before each step's rollouts :meth:`publish`
-saves the policy with ``save_pretrained`` (safetensors) to ``DIR/step-NNNNN``, posts ``{"method": "reload_weights",
-"kwargs": {"weights_path": ...}}``, then ``POST /reset_prefix_cache`` (the reload does not drop the prefix cache,
-whose KV was computed by the old weights) and deletes the previous step's directory. The served model keeps its
-name, so the backend it returns names the base model. A ``vllm:`` spec that starts a server gets ``dev_mode=1``
-(``VLLM_SERVER_DEV_MODE=1``) added; a server of your own must be started with ``VLLM_SERVER_DEV_MODE=1``, and one
-without it is refused when this object is made, with a message saying so. vLLM's other weight-update path (the
-``/init_weight_transfer_engine`` and ``/update_weights`` routes of the same dev mode, TRL's ``vllm-serve``) sends
-the tensors over NCCL or CUDA IPC and needs a GPU on both sides; the reload from a directory works on the CPU
-build too. Measured on the 2-core CPU with SmolLM2-135M in float32 (docs/vllm.md): about 2 s to save and 2-9 s to
-reload, against 60-170 s to start a new server on the new weights.
-"""
+server already holds (same storage, so compiled graphs stay valid). Before each step's rollouts :meth:`publish` saves
+the policy (:func:`save_full_weights`: safetensors, a tied LM head too) to ``DIR/step-NNNNN``, posts ``{"method":
+"reload_weights", "kwargs": {"weights_path": ...}}``, then ``POST /reset_prefix_cache`` (the reload does not drop the
+prefix cache, whose KV was computed by the old weights) and deletes the previous step's directory. The served model
+keeps its name, so the backend it returns names the base model. A ``vllm:`` spec that starts a server gets
+``dev_mode=1`` (``VLLM_SERVER_DEV_MODE=1``) added; a server of your own must be started with
+``VLLM_SERVER_DEV_MODE=1``, and one without it is refused when this object is made, with a message saying so. vLLM's
+other weight-update path (the ``/init_weight_transfer_engine`` and ``/update_weights`` routes of the same dev mode,
+TRL's ``vllm-serve``) sends the tensors over NCCL or CUDA IPC and needs a GPU on both sides; the reload from a
+directory works on the CPU build too. Measured on the 2-core CPU with SmolLM2-135M in float32 (docs/vllm.md): 1-4 s to
+save and 3-9 s to reload, against 120-170 s to start a new server on the new weights (the fallback this avoids)."""
 
 from __future__ import annotations
 
