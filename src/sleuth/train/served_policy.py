@@ -44,7 +44,7 @@ keeps its name, so the backend it returns names the base model. A ``vllm:`` spec
 other weight-update path (the ``/init_weight_transfer_engine`` and ``/update_weights`` routes of the same dev mode,
 TRL's ``vllm-serve``) sends the tensors over NCCL or CUDA IPC and needs a GPU on both sides; the reload from a
 directory works on the CPU build too. Measured on the 2-core CPU with SmolLM2-135M in float32 (docs/vllm.md): 1-4 s to
-save and 3-9 s to reload, against 120-170 s to start a new server on the new weights (the fallback this avoids)."""
+save and 1-9 s to reload, against 67-170 s to start a new server on the new weights (the fallback this avoids)."""
 
 from __future__ import annotations
 
