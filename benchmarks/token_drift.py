@@ -21,7 +21,7 @@ each observation tokenized on its own (a model emits close to the canonical toke
 whole conversation re-tokenized. The same proxy is reported for SmolLM2 next to its real figure, to show how much of
 the real drift the proxy captures.
 
-    python benchmarks/token_drift.py                    # 24 s3 + 24 ARENA episodes, ~6 min on 2 CPU cores
+    python benchmarks/token_drift.py                    # 24 s3 + 24 ARENA episodes (tens of minutes on 2 cores)
     python benchmarks/token_drift.py --questions 3 --max-new-tokens 64   # quicker (a loaded machine)
 """
 
@@ -137,6 +137,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2, help="episodes per question")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=160, help="per reply")
+    parser.add_argument("--agents", default="s3,arena", help="comma-separated: s3, arena")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
     args = parser.parse_args()
@@ -186,6 +187,8 @@ def main() -> None:
     }
     report: dict[str, Any] = {"model": "SmolLM2-135M-Instruct", "questions": len(questions), "samples": args.samples}
     for method, ctx in runs.items():
+        if method not in args.agents.split(","):
+            continue
         ctx.record_tokens = True
         t0 = time.perf_counter()
         traces = run(method, copies(method), ctx, concurrency=16, progress=False)
