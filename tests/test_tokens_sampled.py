@@ -193,3 +193,13 @@ def test_s3_rollouts_continue_from_ids_and_train_on_exactly_the_sampled_ids(llm:
     assert trained == model_ids + end
     assert episode.sampler_logprobs is not None
     assert all(math.isclose(a, b) for a, b in zip(episode.sampler_logprobs, model_logprobs, strict=False))
+
+
+def test_the_token_record_of_a_step_survives_the_trace_json_round_trip_exactly() -> None:
+    from sleuth.records import Step
+
+    tokens = {"prompt": [1, 2, 3], "sampled": [7, 8, 2], "logprobs": [-0.1234567890123, -2.5e-12, -17.000000000001]}
+    step = Step(kind="answer", output="hi", meta={"tokens": tokens})
+    trace = Trace(example=Example(id="q", question="?"), method="arena", steps=[step])
+    again = Trace.from_json(trace.to_json())
+    assert again.steps[0].meta["tokens"] == tokens and again.to_dict() == trace.to_dict()
