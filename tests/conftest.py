@@ -110,6 +110,7 @@ def two_process_rl_config(model_dir: Path, out: Path, algorithm: str, **override
         prompts_per_step=3,
         group_size=2 if algorithm == "grpo" else 1,
         micro_batch=1,
+        micro_batch_tokens=0,  # fixed rows: both runs sum the same micro-batches (the budget path: test_packing.py)
         learning_rate=1e-3,
         critic_learning_rate=1e-3,
         beta=0.04 if algorithm == "grpo" else 0.0,

@@ -118,13 +118,16 @@ def test_eval_records_a_failing_score_in_the_example_and_a_failing_write_is_reru
     monkeypatch.setattr(evaluate_module, "trace_line", line)
     metrics = evaluate(config, progress=False)
     traces = {t.example.id: t for t in read_traces(tmp_path / "run" / "traces.jsonl")}
-    assert set(traces) == {"q1", "q2", "q3"} and metrics["overall"]["errors"] == 1
-    assert "scoring failed: ZeroDivisionError" in (traces["q2"].error or "")
+    # a failed scoring is a failed attempt (errors.jsonl, retried on resume), never a result
+    assert set(traces) == {"q1", "q3"} and metrics["n"] == 2
+    errors = {t.example.id: t for t in read_traces(tmp_path / "run" / "errors.jsonl")}
+    assert "scoring failed: ZeroDivisionError" in (errors["q2"].error or "")
 
     monkeypatch.setattr(evaluate_module, "trace_line", real_line)
-    metrics = evaluate(config, progress=False)  # the resume runs q0, whose line was never written
+    monkeypatch.setattr(evaluate_module, "score_trace", real_score)
+    metrics = evaluate(config, progress=False)  # the resume runs q0 (its line was never written) and q2 again
     ids = [t.example.id for t in read_traces(tmp_path / "run" / "traces.jsonl")]
-    assert sorted(ids) == ["q0", "q1", "q2", "q3"] and metrics["n"] == 4
+    assert sorted(ids) == ["q0", "q1", "q2", "q3"] and metrics["n"] == 4 and metrics["overall"]["errors"] == 0
 
 
 def test_a_corrupt_trace_line_is_skipped_and_its_example_runs_again(tmp_path: Path, scripted_backend: str) -> None:

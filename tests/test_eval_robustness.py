@@ -183,7 +183,7 @@ def test_duplicate_records_read_back_once_and_a_resume_repairs_the_file(tmp_path
         # what two writers without a lock left behind: lines twice, a later q0 with another answer; and failed
         # attempts written by a version that kept them in traces.jsonl: q1 after its result, q3 with none
         traces = out / "traces.jsonl"
-        originals = read_traces(traces)
+        originals = sorted(read_traces(traces), key=lambda t: t.example.id)  # written in completion order
         late = Trace.from_json(originals[0].to_json())
         late.answer = "colour0, written later"
         failed = [Trace.from_json(originals[i].to_json()) for i in (1, 3)]
