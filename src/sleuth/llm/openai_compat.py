@@ -196,13 +196,8 @@ class OpenAICompatLLM(LLM):
             "logprobs": 1,
             "temperature": 0.0,
         }
-        url = self._url("completions")
-        data = await self._post(url, body)
-        choices = self._choices(data, url)
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            self.stats.prompt_tokens += _int(usage.get("prompt_tokens"))
-        logprobs = choices[0].get("logprobs")
+        url, choice = await self._scoring_call(body)
+        logprobs = choice.get("logprobs")
         if not isinstance(logprobs, dict) or not logprobs.get("token_logprobs"):
             raise LLMError(
                 f"{url}: the server does not support echo logprobs (no choices[0].logprobs.token_logprobs in its "
@@ -245,13 +240,8 @@ class OpenAICompatLLM(LLM):
             "temperature": 0.0,
             "prompt_logprobs": 0,
         }
-        url = self._url("completions")
-        data = await self._post(url, body)
-        choices = self._choices(data, url)
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            self.stats.prompt_tokens += _int(usage.get("prompt_tokens"))
-        entries = choices[0].get("prompt_logprobs")
+        url, choice = await self._scoring_call(body)
+        entries = choice.get("prompt_logprobs")
         if not isinstance(entries, list) or len(entries) != len(prompt_ids) + len(completion_ids):
             got = f"{len(entries)} entries" if isinstance(entries, list) else _snippet(entries)
             raise LLMError(
@@ -371,6 +361,16 @@ class OpenAICompatLLM(LLM):
         if not isinstance(content, str):
             raise LLMError(f"{url}: malformed response: choice text is {type(content).__name__}, not a string")
         return encodable(content)
+
+    async def _scoring_call(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """POST a scoring request to the completions endpoint (its prompt tokens counted): the URL and choice 0."""
+        url = self._url("completions")
+        data = await self._post(url, body)
+        choices = self._choices(data, url)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            self.stats.prompt_tokens += _int(usage.get("prompt_tokens"))
+        return url, choices[0]
 
     @staticmethod
     def _choices(data: dict[str, Any], url: str) -> list[dict[str, Any]]:
