@@ -54,3 +54,17 @@ def test_eval_judge_variant_reaches_the_judge(tmp_path: Path, tiny_model_dir: Pa
     for t in traces:
         assert judge_key("paper_text", t.answer or "", t.example.answers, spec) in keys
         assert judge_key("paper", t.answer or "", t.example.answers, spec) not in keys
+
+
+def test_sft_cot_answer_reaches_the_cot_records(tmp_path: Path) -> None:
+    """``SFTConfig.cot_answer`` decides how a ``cot`` source's targets mark their answer."""
+    from sleuth.train.sft import SFTConfig, SFTSource, build_source
+    from tests.test_sft import gsm8k_socratic, reply_text
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps(gsm8k_socratic().to_dict()) + "\n")
+    source = SFTSource(path=str(data), format="synth", kind="cot")
+    boxed, _ = build_source(source, SFTConfig())
+    tagged, _ = build_source(source, SFTConfig(cot_answer="answer_tag"))
+    assert reply_text(boxed[0]).endswith("\\boxed{72}.")
+    assert reply_text(tagged[0]).endswith("<answer>72</answer>.")
