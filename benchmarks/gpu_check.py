@@ -70,7 +70,7 @@ class Settings:
         base = cls(device=device)
         if device == "cpu":
             base = dataclasses.replace(
-                base, prompts=4, max_new_tokens=8, steps=1, batch=2, record_tokens=48, rl_prompts=2, rl_new_tokens=6
+                base, prompts=4, max_new_tokens=8, steps=1, batch=2, record_tokens=24, rl_prompts=2, rl_new_tokens=6
             )
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -131,6 +131,16 @@ def _filler(i: int, tokens: int) -> str:
     words = ["archive", "river", "council", "founded", "poet", "city", "museum", "bridge", "author", "century"]
     body = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(max(1, tokens * 3 // 4)))
     return f"Passage {i}: {body}."
+
+
+def _chat_length(tokenizer: Any, messages: list[dict[str, str]]) -> int:
+    return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+
+
+def _check_steps(trainer: Any, steps: int) -> None:
+    """A trainer that ran fewer optimizer steps than asked (records dropped, an empty epoch) is a failure."""
+    if trainer.state.global_step != steps:
+        raise RuntimeError(f"the trainer ran {trainer.state.global_step} of {steps} steps (records dropped?)")
 
 
 def _sft_records(settings: Settings) -> list[dict[str, Any]]:
@@ -212,13 +222,19 @@ def part_generate(settings: Settings, workdir: Path) -> PartResult:
 
 def part_sft(settings: Settings, workdir: Path) -> PartResult:
     """``settings.steps`` steps of sleuth's SFT trainer on synthetic records (one pass over them)."""
+    from transformers import AutoTokenizer
+
     from sleuth.train.sft import SFTConfig, build_trainer
 
+    records = _sft_records(settings)
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir())
+    # no record is cut (a record cut to no completion token would be dropped, leaving nothing to train on)
+    longest = max(_chat_length(tokenizer, r["prompt"] + r["completion"]) for r in records)
     config = SFTConfig(
         model=settings.model_dir(),
         output_dir=str(workdir / "sft"),
         val_fraction=0.0,
-        max_length=max(256, settings.record_tokens * 2),
+        max_length=longest + 16,
         max_steps=settings.steps,
         learning_rate=1e-5,
         batch_size=settings.batch,
@@ -232,12 +248,13 @@ def part_sft(settings: Settings, workdir: Path) -> PartResult:
         report_to=[],
         resume=False,
     ).validate()
-    trainer = build_trainer(config, _sft_records(settings))
+    trainer = build_trainer(config, records)
     lengths = [min(len(ids), config.max_length) for ids in trainer.train_dataset["input_ids"]]
     _peak_memory_reset()
     t0 = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - t0
+    _check_steps(trainer, settings.steps)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     result = PartResult(
         name="sft",
@@ -261,30 +278,28 @@ def part_dpo(settings: Settings, workdir: Path) -> PartResult:
 
     from sleuth.train.mdpo import MDPOConfig, build_dpo_trainer
 
+    pairs = _dpo_pairs(settings)
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir())
+    chosen = [_chat_length(tokenizer, p["prompt"] + p["chosen"]) for p in pairs]
+    rejected = [_chat_length(tokenizer, p["prompt"] + p["rejected"]) for p in pairs]
     config = MDPOConfig(
         learning_rate=1e-6,
         max_steps=settings.steps,
         batch_size=settings.batch,
         per_device_batch_size=settings.batch,
         warmup_ratio=0.0,
-        max_length=max(256, settings.record_tokens * 2),
+        max_length=max(chosen + rejected) + 16,  # no pair is cut
         save_steps=10_000,
         report_to=[],
     )
     config.progress = False
-    pairs = _dpo_pairs(settings)
-    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir())
-
-    def length(messages: list[dict[str, str]]) -> int:
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
-        return min(len(ids), config.max_length or len(ids))
-
-    tokens = sum(length(p["prompt"] + p["chosen"]) + length(p["prompt"] + p["rejected"]) for p in pairs)
+    tokens = sum(chosen) + sum(rejected)
     trainer = build_dpo_trainer(config, settings.model_dir(), pairs, workdir / "dpo" / "iter1" / "trainer")
     _peak_memory_reset()
     t0 = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - t0
+    _check_steps(trainer, settings.steps)
     history = [h for h in trainer.state.log_history if "loss" in h]
     result = PartResult(
         name="dpo",
@@ -559,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="write the JSON here (and the table next to it, .md)")
     parser.add_argument("--require-all", action="store_true", help="a part skipped for a missing package fails")
     args = parser.parse_args(argv)
+    if args.device == "cpu" and "torch" not in sys.modules:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainers pick CUDA by themselves when they see it
 
     import torch
 
