@@ -61,6 +61,7 @@ from typing import Any
 
 from sleuth.eval.stats import ALPHA, MIN_QUESTIONS, bootstrap_ci, holm, paired_difference_ci, paired_test, shown
 from sleuth.retrieval.building import write_atomic
+from sleuth.train.tracking import flatten
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -851,8 +852,8 @@ def trials_table(trials: list[dict[str, Any]], varying_only: bool = True) -> lis
     trials = [t for t in trials if "settings" in t]
     if not trials:
         return []
-    keys = sorted({k for t in trials for k in _flat(t["settings"])})
-    flat = [_flat(t["settings"]) for t in trials]
+    keys = sorted({k for t in trials for k in flatten(t["settings"])})
+    flat = [flatten(t["settings"]) for t in trials]
     if varying_only and len(trials) > 1:
         keys = [k for k in keys if len({json.dumps(f.get(k)) for f in flat}) > 1]
     elif varying_only:
@@ -876,16 +877,6 @@ def trials_table(trials: list[dict[str, Any]], varying_only: bool = True) -> lis
         mark = f" (chosen: {chosen['choice']}, dev {chosen['stage']}, {chosen['at']})" if chosen else ""
         lines.append(f"| {t['id']}{mark} | " + " | ".join(cells) + " |")
     return lines
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def plot(lines: dict[str, list[tuple[str, dict[str, float]]]], path: Path, ylabel: str, title: str) -> bool:

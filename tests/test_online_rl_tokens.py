@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,9 @@ import pytest
 from sleuth.agents import Context
 from sleuth.agents.baselines import DirectConfig
 from sleuth.llm import Sampling
-from sleuth.records import Example, Trace
+from sleuth.records import Trace
 from sleuth.train.online_rl import Episode, RLConfig, Task, train_online
+from tests.test_online_rl import _config, _examples
 
 
 class TokenTask(Task):
@@ -39,26 +39,6 @@ class TokenTask(Task):
                 episode.pieces = [{"source": "model", "ids": tokens["sampled"], "logprobs": tokens["logprobs"]}]
             out.append(episode)
         return out
-
-
-def _config(tmp_path: Path, tiny_model_dir: Path, **overrides: Any) -> RLConfig:
-    config = RLConfig(
-        model=str(tiny_model_dir),
-        output_dir=str(tmp_path / "rl"),
-        steps=1,
-        prompts_per_step=2,
-        group_size=3,
-        micro_batch=2,
-        learning_rate=1e-2,
-        temperature=1.0,
-        save_steps=1,
-        progress=False,
-    )
-    return dataclasses.replace(config, **overrides)
-
-
-def _examples() -> list[Example]:
-    return [Example(id=f"q{i}", question=f"Who wrote book {i}?", answers=["Ann"]) for i in range(3)]
 
 
 def _log(config: RLConfig) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any
 
 from sleuth.train.config import ConfigError
 
-__all__ = ["BACKENDS", "TB_DIR", "Tracker", "check_report_to", "hf_reporting", "scalars"]
+__all__ = ["BACKENDS", "TB_DIR", "Tracker", "check_report_to", "flatten", "hf_reporting", "scalars"]
 
 # backend name -> (module imported, pip package that provides it)
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -122,7 +122,7 @@ class Tracker:
             mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or _mlflow_store(self.log_dir))
             mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", "sleuth"))
             self._mlflow = mlflow.start_run(run_name=run_name)
-            mlflow.log_params({k: str(v)[:500] for k, v in _flat(config).items()})
+            mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
         if "trackio" in self.names:
             import trackio
 
@@ -210,11 +210,12 @@ def _mlflow_key(tag: str) -> str:
     return "".join(c if c.isalnum() or c in "_-./: " else "_" for c in tag)
 
 
-def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one level of dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
     out: dict[str, Any] = {}
     for key, value in mapping.items():
         if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
