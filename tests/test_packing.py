@@ -22,6 +22,19 @@ def test_token_budget_groups_sort_by_length_and_respect_the_budget() -> None:
     for g in groups:
         assert len(g) * max(lengths[i] for i in g) <= 60 or len(g) == 1
     assert packing.token_budget_groups([100, 10], budget=50) == [[0], [1]]  # too long: alone
+    capped = packing.token_budget_groups(lengths, budget=60, max_rows=2)
+    assert max(len(g) for g in capped) == 2 and [lengths[i] for g in capped for i in g] == flat
+    # the RL update's micro_batch caps the rows under a budget too: micro_batch 1 (memory) means one row each
+    assert packing.micro_batches(list(range(8)), lengths, rows=1, budget=4096) == [
+        [6],
+        [1],
+        [4],
+        [3],
+        [7],
+        [2],
+        [0],
+        [5],
+    ]
 
 
 def test_sorting_removes_padding_and_fixed_rows_keep_the_order() -> None:

@@ -5,12 +5,13 @@ A batch of causal-LM sequences padded on the right to its longest row computes e
 every padding position costs a full forward and backward. Grouping rows of similar length wastes less, and it changes
 nothing as long as the loss of an optimizer step does not depend on which rows share a micro-batch:
 
-- :func:`micro_batches` plans the RL update's micro-batches (``RLConfig.micro_batch_tokens``): the rows of a
-  mini-batch sorted by length, cut so that ``rows x longest row <= budget`` (veRL's ``use_dynamic_bsz``, OpenRLHF's
-  token-budget batching, without packing several rows into one). Exact with ``micro_batch_aggregation:
-  mini_batch_mean`` (each micro-batch weighted by its share of the mini-batch's tokens or sequences: the sum is one
-  mean over the mini-batch, whatever the grouping); with ``micro_batch_mean`` (the mean of the micro-batches' means)
-  the grouping is part of the weighting by definition, so the trainer keeps fixed rows there unless asked.
+- :func:`micro_batches` plans the RL update's micro-batches (``RLConfig.micro_batch_tokens``): the rows of a mini-batch
+  sorted by length, cut so that ``rows x longest row <= budget`` and ``rows <= micro_batch`` (veRL's
+  ``use_dynamic_bsz``, OpenRLHF's token-budget batching, without packing several rows into one). Exact with
+  ``micro_batch_aggregation: mini_batch_mean`` (each micro-batch weighted by its share of the mini-batch's tokens or
+  sequences: the sum is one mean over the mini-batch, whatever the grouping); with ``micro_batch_mean`` (the mean of
+  the micro-batches' means) the grouping is part of the weighting by definition, so the trainer keeps fixed rows there
+  unless asked.
 - :class:`LengthSortedSampler` orders a Hugging Face Trainer's training set for SFT, DPO and the ExSearch M-step:
   one seeded permutation cut into optimizer-step windows (``per_device x accumulation x processes`` examples), each
   window sorted by length, so that an optimizer step sees the same examples as it would in random order and only
@@ -52,17 +53,24 @@ DEFAULT_MICRO_BATCH_TOKENS = 4096
 T = TypeVar("T")
 
 
-def token_budget_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+def token_budget_groups(lengths: Sequence[int], budget: int, max_rows: int | None = None) -> list[list[int]]:
     """Indices into ``lengths``, longest first, cut into groups whose ``rows x longest row`` is at most ``budget``
-    (a row longer than the budget goes alone). Sorted, each group's rows are as close in length as greedy cutting
-    can make them: the padding left is that between neighbours in the sorted order."""
+    and, with ``max_rows``, of at most that many rows (a row longer than the budget goes alone). Sorted, each
+    group's rows are as close in length as greedy cutting can make them: the padding left is that between
+    neighbours in the sorted order."""
     if budget < 1:
         raise ValueError("budget must be >= 1 token")
+    if max_rows is not None and max_rows < 1:
+        raise ValueError("max_rows must be >= 1")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
     for i in order:
         # the first row of a group is its longest: rows x that length bounds the padded size
-        if groups and (len(groups[-1]) + 1) * max(lengths[groups[-1][0]], 1) <= budget:
+        if (
+            groups
+            and (max_rows is None or len(groups[-1]) < max_rows)
+            and (len(groups[-1]) + 1) * max(lengths[groups[-1][0]], 1) <= budget
+        ):
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -82,13 +90,14 @@ def micro_batch_budget(micro_batch_tokens: int | None, aggregation: str) -> int:
 
 def micro_batches(items: Sequence[T], lengths: Sequence[int], rows: int, budget: int = 0) -> list[list[T]]:
     """The micro-batches of ``items`` (``lengths[i]`` tokens each): ``budget`` > 0, :func:`token_budget_groups`
-    (``rows`` ignored); 0, consecutive runs of ``rows`` items in their given order (the fixed-rows path)."""
+    with at most ``rows`` rows each (both bound the memory: a run that lowered ``micro_batch`` to fit keeps
+    fitting); 0, consecutive runs of ``rows`` items in their given order (the fixed-rows path)."""
     if len(items) != len(lengths):
         raise ValueError("items and lengths differ in length")
-    if budget > 0:
-        return [[items[i] for i in group] for group in token_budget_groups(lengths, budget)]
     if rows < 1:
         raise ValueError("rows must be >= 1")
+    if budget > 0:
+        return [[items[i] for i in group] for group in token_budget_groups(lengths, budget, rows)]
     return [list(items[i : i + rows]) for i in range(0, len(items), rows)]
 
 
