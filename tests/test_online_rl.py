@@ -625,7 +625,8 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
 class _LoraServer:
     """A vLLM-like OpenAI server with runtime LoRA loading, over a real socket: ``/v1/load_lora_adapter`` reads the
     adapter's safetensors from ``lora_path`` (400 if the name is taken), ``/v1/unload_lora_adapter`` (404 if
-    unknown), and chat completions answer only for a loaded adapter's name (404 otherwise, as vLLM does)."""
+    unknown), and completions (chat, or token-id prompts) answer only for a loaded adapter's name (404 otherwise, as
+    vLLM does), without token ids (a server without vLLM's ``return_token_ids``: the trainer re-tokenizes)."""
 
     def __init__(self) -> None:
         import threading
@@ -681,12 +682,16 @@ class _LoraServer:
                 status = 200 if self.loaded.pop(name, None) is not None else 404
                 self.events.append(("unload", name, status))
                 return status, {"message": "ok" if status == 200 else f"{name} cannot be found"}
-            if path.endswith("/chat/completions"):
+            if path.endswith("/completions"):  # chat, or (token-in) ids to /completions; no ids come back
                 if body["model"] not in self.loaded:
                     return 404, {"error": {"message": f"The model `{body['model']}` does not exist."}}
                 self.completions.append(body["model"])
                 text = "Ann" if len(self.completions) % 2 else "Bob"
-                choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+                if path.endswith("/chat/completions"):
+                    choice["message"] = {"role": "assistant", "content": text}
+                else:
+                    choice["text"] = text
                 return 200, {"choices": [choice], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
             return 404, {"error": {"message": f"no route {path}"}}
 

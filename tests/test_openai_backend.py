@@ -81,6 +81,9 @@ def _ok_reply(server: ScriptedServer, path: str, body: dict[str, Any]) -> dict[s
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
+        if body.get("return_token_ids") and server.logprobs:  # vLLM: the sampled ids and (logprobs=0) their values
+            choice["token_ids"] = [ord(c) for c in text[:6]]
+            choice["logprobs"] = {"token_logprobs": [-ord(c) / 1000 for c in text[:6]], "tokens": list(text[:6])}
         choices.append(choice)
     return {
         "id": "x",
@@ -382,6 +385,10 @@ def test_spec_parsing_and_describe() -> None:
         _BACKENDS["openai"]("m@http://127.0.0.1:9/v1", {"concurrncy": "2"})
     with pytest.raises(LLMError, match="timeout"):
         _BACKENDS["openai"]("m@http://127.0.0.1:9/v1", {"timeout": "soon"})
+    assert _BACKENDS["openai"]("m@http://127.0.0.1:9/v1", {"token_out": "1"}).describe()["token_out"] is True
+    assert default.token_out is False
+    with pytest.raises(LLMError, match="token_out"):
+        _BACKENDS["openai"]("m@http://127.0.0.1:9/v1", {"token_out": "maybe"})
 
 
 # ------------------------------------------------------------------------------------------------ concurrency
@@ -634,3 +641,32 @@ def test_a_lone_surrogate_in_a_reply_or_a_prompt_is_made_encodable(server: Scrip
     gens = run(_generate_and_close(llm, [Request.chat("echo \ud800")], Sampling()))  # httpx's json= would raise
     assert server.received[-1].body["messages"][-1]["content"] == "echo \ufffd"
     assert gens[0].texts[0].startswith("answer to echo \ufffd")
+
+
+def test_token_out_sends_the_formatted_prompt_as_ids_and_returns_the_sampled_ids_and_log_probs(
+    server: ScriptedServer,
+) -> None:
+    llm = OpenAICompatLLM("test-model", server.url, score_tokenizer=ToyTokenizer(), token_out=True)
+    messages = [{"role": "user", "content": "hi"}]
+    (gen,) = run(_generate_and_close(llm, [Request(messages=messages)], Sampling(n=2, stop=("STOP",))))
+    sent = server.received[0]
+    assert sent.path == "/v1/completions" and "messages" not in sent.body
+    assert sent.body["prompt"] == [ord(c) for c in "<user>hi<assistant>"]  # as the hf backend formats it
+    assert sent.body["return_token_ids"] is True and sent.body["logprobs"] == 0
+    assert gen.prompt_ids == sent.body["prompt"]
+    assert gen.sampled_ids == [[ord(c) for c in "answer"]] * 2
+    assert gen.logprobs == [[-ord(c) / 1000 for c in "answer"]] * 2
+    assert all("STOP" not in t for t in gen.texts)
+
+
+def test_request_ids_are_sent_as_ids_and_a_server_without_ids_gives_none(server: ScriptedServer) -> None:
+    llm = OpenAICompatLLM("test-model", server.url)
+    request = Request(messages=[{"role": "user", "content": "hi"}], prompt_ids=[5, 6, 7])
+    (gen,) = run(_generate_and_close(llm, [request], Sampling()))
+    assert server.received[0].path == "/v1/completions" and server.received[0].body["prompt"] == [5, 6, 7]
+    assert "return_token_ids" not in server.received[0].body and gen.sampled_ids is None
+    server.logprobs = False  # a server that ignores return_token_ids: no ids, the text still comes back
+    llm = OpenAICompatLLM("test-model", server.url, token_out=True)  # no tokenizer: chat stays chat
+    (gen,) = run(_generate_and_close(llm, [Request(messages=[{"role": "user", "content": "hi"}])], Sampling()))
+    assert server.received[1].path == "/v1/chat/completions" and server.received[1].body["return_token_ids"]
+    assert gen.text.startswith("answer to hi") and gen.sampled_ids is None and gen.prompt_ids is None

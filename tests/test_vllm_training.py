@@ -369,7 +369,8 @@ def test_real_vllm_serves_online_rl_rollouts_from_a_vllm_rollout_server(tmp_path
     for name in names:
         assert f"Loaded new LoRA adapter: name '{name}'" in text
     assert f"Removed LoRA adapter: name '{names[0]}'" in text
-    assert text.count('"POST /v1/chat/completions HTTP/1.1" 200') >= 2 * 2 * 3  # 2 steps x 2 questions x group 3
+    # token-in, token-out (episode_tokens: sampled): the prompts go to /v1/completions as ids
+    assert text.count('"POST /v1/completions HTTP/1.1" 200') >= 2 * 2 * 3  # 2 steps x 2 questions x group 3
     port = log.stem.rsplit("-", 1)[1]
     assert [p for p in _pids_with_argument(f"--port {port}") if alive(p)] == []
 
@@ -474,9 +475,59 @@ def test_real_vllm_serves_online_rl_rollouts_of_a_full_fine_tune(full_server: An
     during = server_log.read_text(errors="replace")[len(before) :]
     assert during.count('"POST /collective_rpc HTTP/1.1" 200') == 2  # one reload per step
     assert during.count('"POST /reset_prefix_cache HTTP/1.1" 200') == 3  # the check at the start, then per step
-    assert during.count('"POST /v1/chat/completions HTTP/1.1" 200') >= 2 * 2 * 2  # 2 steps x 2 questions x group 2
+    assert during.count('"POST /v1/completions HTTP/1.1" 200') >= 2 * 2 * 2  # 2 steps x 2 questions x group 2
     log = [json.loads(line) for line in (tmp_path / "rl" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [0, 1] and all(r["publish_seconds"] > 0 for r in log)
     sys.stderr.write(f"publish_seconds per step: {[r['publish_seconds'] for r in log]}\n")
     # each reload deleted the copy before it; the last stays, as a LoRA run's last adapter does
     assert [p.name for p in (tmp_path / "rl" / "served").iterdir()] == ["step-00001"]
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+@pytest.mark.timeout(1800)
+def test_real_vllm_rollouts_train_on_the_ids_the_server_sampled_with_its_log_probs(
+    full_server: Any, tmp_path: Path
+) -> None:
+    """One GRPO step of a full fine-tune whose rollouts come token-in, token-out from the real vLLM server (the
+    default ``episode_tokens: sampled``), at temperature 0.7: each episode's prompt ids are the hf backend's
+    formatting of its messages, its sampled ids decode to its text, every episode trains on those ids, and the
+    server's log-probs of them are the policy's own at the sampling temperature (a float32 forward of the same
+    weights here, and the trainer's old log-probs in the step's mismatch log)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sleuth.assets import default_model_dir
+    from sleuth.llm.base import encode_prompt
+    from sleuth.train.online_rl import train_online
+    from sleuth.train.rollouts import RolloutStore
+    from tests.test_online_rl_tokens import TokenTask, _config, _examples, _log
+
+    spec = f"vllm:?url={full_server.template.base_url}"
+    temperature = 0.7
+    config = _config(tmp_path, default_model_dir(), rollout_server=spec, temperature=temperature, learning_rate=1e-6)
+    train_online(config, TokenTask(), _examples())
+    entry = _log(config)
+    sys.stderr.write(
+        f"\nvLLM sampler vs trainer: mean |dlogp| {entry['sampler_mismatch_abs']:.2e}, max "
+        f"{entry['sampler_mismatch_max']:.2e} over {entry['sampler_tokens']} tokens\n"
+    )
+    assert entry["sampled_episodes"] == 6 and entry["retokenized"] == 0
+    assert entry["sampler_tokens"] > 0 and entry["sampler_mismatch_abs"] < 1e-2
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()  # step 0's weights
+    worst = 0.0
+    stored = list(RolloutStore(tmp_path / "rl" / "rollouts" / "step-00000"))
+    assert len(stored) == 6
+    for rollout in stored:
+        step = rollout.trace.steps[-1]
+        tokens = step.meta["tokens"]
+        assert tokens["prompt"] == encode_prompt(tokenizer, step.messages)
+        assert tokenizer.decode(tokens["sampled"], skip_special_tokens=True) == step.output
+        ids = torch.tensor([tokens["prompt"] + tokens["sampled"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(tokens["prompt"]) - 1 : -1].float() / temperature
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens["sampled"])[:, None])[:, 0]
+        worst = max(worst, float((expected - torch.tensor(tokens["logprobs"])).abs().max()))
+    sys.stderr.write(f"vLLM sampled log-probs vs a float32 hf forward at T={temperature}: worst |d| {worst:.2e}\n")
+    assert worst < 2e-2

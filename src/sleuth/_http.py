@@ -102,6 +102,14 @@ def refuse_credentials(options: dict[str, str], error: type[Exception], where: s
         raise error(f"{where} option(s) {found} look like a credential; {hint}")
 
 
+def bool_option(options: dict[str, str], name: str, error: type[Exception], where: str) -> bool:
+    """``options[name]`` as a boolean (1/0, true/false, yes/no; absent or empty: False); ``error`` names a bad one."""
+    value = options.get(name, "0").strip().lower()
+    if value not in ("0", "1", "true", "false", "yes", "no", ""):
+        raise error(f"{where} option {name}={value!r} is not a boolean (1/0, true/false)")
+    return value in ("1", "true", "yes")
+
+
 def number_option(
     options: dict[str, str],
     name: str,

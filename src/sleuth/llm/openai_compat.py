@@ -24,6 +24,14 @@ Options (all optional):
     header is honoured up to the same cap. Other 4xx answers fail at once.
 ``backoff`` (0.5)
     Base of the exponential backoff, in seconds.
+``token_out`` (0)
+    Token-in, token-out, as RL rollouts need (vLLM's extensions of ``/completions``): the prompt goes to
+    ``/completions`` as token ids (the request's own ``prompt_ids``, or, with the served model's tokenizer, chat
+    messages formatted and tokenized client-side as the ``hf`` backend does), and ``return_token_ids`` with
+    ``logprobs=0`` bring back every sampled id and its log-probability: the :class:`~sleuth.llm.base.Generation`'s
+    ``prompt_ids``, ``sampled_ids`` and ``logprobs``. A server that returns no ids gives a Generation without them
+    (the RL trainer then re-tokenizes the text and counts the episode). A request with ``prompt_ids`` is sent as
+    ids whatever this option says.
 ``key_env`` (``OPENAI_API_KEY``)
     Name of the environment variable holding the API key. When it is set the key is sent as
     ``Authorization: Bearer ...``; when it is unset no Authorization header is sent (local servers need none).
@@ -61,6 +69,7 @@ from sleuth._http import (
     JSON_HEADERS,
     RETRY_STATUSES,
     backoff_delay,
+    bool_option,
     json_body,
     number_option,
     refuse_credentials,
@@ -92,7 +101,7 @@ _FINISH_REASONS = {
     "length": "length",
     "max_tokens": "length",
 }
-_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env")
+_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env", "token_out")
 
 
 class OpenAICompatLLM(LLM):
@@ -110,6 +119,7 @@ class OpenAICompatLLM(LLM):
         backoff: float = 0.5,
         key_env: str = "OPENAI_API_KEY",
         score_tokenizer: Any = None,
+        token_out: bool = False,
     ) -> None:
         super().__init__()
         if not model:
@@ -139,6 +149,7 @@ class OpenAICompatLLM(LLM):
         self.key_env = key_env
         self.spec = f"openai:{model}@{base_url}"
         self._score_tokenizer = score_tokenizer
+        self.token_out = token_out
         # The client and the semaphore belong to one event loop; they are rebuilt when another loop calls us
         # (asyncio.run may be called several times in one process).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -284,18 +295,37 @@ class OpenAICompatLLM(LLM):
             "max_retries": self.max_retries,
             "backoff": self.backoff,
             "key_env": self.key_env,
+            "token_out": self.token_out,
         }
 
     # ---------------------------------------------------------------- generation
 
+    def _prompt_ids(self, request: Request) -> list[int] | None:
+        """The ids to send as the prompt: the request's own (token-in), or, with ``token_out`` and the served
+        model's tokenizer, the request formatted and tokenized client-side as the ``hf`` backend does; else None
+        (the server formats chat messages itself)."""
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        tokenizer = self.score_tokenizer() if self.token_out else None
+        if tokenizer is None:
+            return None
+        prompt = request.messages if request.messages is not None else request.prompt
+        assert prompt is not None
+        return encode_prompt(tokenizer, prompt, self.model)
+
     async def _generate_one(self, request: Request, sampling: Sampling) -> Generation:
         self.stats.requests += 1
-        chat = request.messages is not None
+        prompt_ids = self._prompt_ids(request)
+        chat = request.messages is not None and prompt_ids is None
         url = self._url("chat/completions" if chat else "completions")
         stops = tuple(s for s in sampling.stop if s)
         texts: list[str] = []
         completion_tokens: list[int] = []
         finish_reasons: list[str] = []
+        # token-out (vLLM's return_token_ids with logprobs=0): per text, every sampled id and its log-prob; None
+        # as soon as one choice lacks them (a server without the extension)
+        sampled: list[list[int]] | None = [] if self.token_out else None
+        logprobs: list[list[float]] | None = [] if self.token_out else None
         prompt_tokens = 0
         while len(texts) < sampling.n:
             need = sampling.n - len(texts)
@@ -306,12 +336,16 @@ class OpenAICompatLLM(LLM):
                 "max_tokens": sampling.max_new_tokens,
                 "n": need,
             }
-            if chat:
+            if prompt_ids is not None:
+                body["prompt"] = prompt_ids
+            elif chat:
                 body["messages"] = request.messages
                 if request.messages and request.messages[-1]["role"] == "assistant":  # vLLM: continue that turn
                     body["continue_final_message"], body["add_generation_prompt"] = True, False
             else:
                 body["prompt"] = request.prompt
+            if self.token_out:
+                body["return_token_ids"], body["logprobs"] = True, 0
             if stops:
                 body["stop"] = list(stops[:MAX_API_STOPS])
             if sampling.seed is not None:
@@ -336,6 +370,16 @@ class OpenAICompatLLM(LLM):
                 texts.append(text)
                 completion_tokens.append(count)
                 finish_reasons.append(reason)
+                if sampled is not None:
+                    ids, values = _sampled_tokens(choice)
+                    if ids is None:
+                        sampled = logprobs = None
+                    else:
+                        sampled.append(ids)
+                        if logprobs is not None and values is not None:
+                            logprobs.append(values)
+                        else:
+                            logprobs = None
         self.stats.prompt_tokens += prompt_tokens
         self.stats.completion_tokens += sum(completion_tokens)
         return Generation(
@@ -343,6 +387,9 @@ class OpenAICompatLLM(LLM):
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             finish_reasons=finish_reasons,
+            prompt_ids=prompt_ids if sampled else None,
+            sampled_ids=sampled or None,
+            logprobs=logprobs if sampled else None,
         )
 
     @staticmethod
@@ -485,6 +532,21 @@ def _int(value: Any, default: int = 0) -> int:
     return default
 
 
+def _sampled_tokens(choice: dict[str, Any]) -> tuple[list[int] | None, list[float] | None]:
+    """A choice's sampled ids (vLLM's ``token_ids``) and their log-probs (``logprobs.token_logprobs``, one per id),
+    each None when absent or malformed."""
+    ids = choice.get("token_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None, None
+    entry = choice.get("logprobs")
+    values = entry.get("token_logprobs") if isinstance(entry, dict) else None
+    if not isinstance(values, list) or len(values) != len(ids):
+        return ids, None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return ids, None
+    return ids, [float(v) for v in values]
+
+
 def _split_completion_tokens(choices: list[dict[str, Any]], total: int) -> list[int]:
     """Per-choice completion token counts: the server's own when every choice has one, else ``total`` split evenly."""
     per_choice: list[int] = []
@@ -521,4 +583,5 @@ def make_openai_llm(target: str, options: dict[str, str]) -> OpenAICompatLLM:
         max_retries=number_option(options, "max_retries", int, 5, LLMError, "openai spec"),
         backoff=number_option(options, "backoff", float, 0.5, LLMError, "openai spec"),
         key_env=options.get("key_env") or "OPENAI_API_KEY",
+        token_out=bool_option(options, "token_out", LLMError, "openai spec"),
     )

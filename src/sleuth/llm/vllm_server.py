@@ -67,8 +67,9 @@ Options:
 ``url``
     Attach to the server at this base URL instead of starting one; the model is ``PATH_OR_NAME`` or, when it is
     empty, the first one the server lists at ``/v1/models``.
-``concurrency``, ``timeout`` (600), ``deadline`` (3600), ``max_retries``, ``backoff``, ``key_env``
-    Passed to the ``openai`` backend. ``concurrency`` defaults to what the server batches at once
+``concurrency``, ``timeout`` (600), ``deadline`` (3600), ``max_retries``, ``backoff``, ``key_env``, ``token_out``
+    Passed to the ``openai`` backend (``token_out``: see there; RL rollouts from a server turn it on).
+    ``concurrency`` defaults to what the server batches at once
     (``max_num_seqs``: vLLM's default is 128 per CPU rank and 256 on most GPUs). The timeouts are longer than the
     openai backend's because a local server's queue, not the network, is what a request waits for.
 
@@ -76,6 +77,11 @@ Scoring. When the served model is a local directory (a server sleuth started, or
 ``PATH_OR_NAME``), :meth:`~sleuth.llm.openai_compat.OpenAICompatLLM.score` loads its tokenizer (``--tokenizer`` in
 ``args`` wins) and is token-exact: chat messages are formatted as the ``hf`` backend formats them and the server
 returns the log-prob of each completion token id (``prompt_logprobs``), the same quantity as ``hf``'s ``score``.
+
+Sampled log-probs. A server sleuth starts runs with ``--logprobs-mode processed_logprobs`` (unless ``args`` sets
+another mode): the log-probs it returns for sampled tokens are after temperature (and top-p/top-k, which
+renormalise over the kept tokens; the ``hf`` backend reports them before top-p), the quantity the RL sampler
+correction needs. vLLM's default, ``raw_logprobs``, is before temperature.
 """
 
 from __future__ import annotations
@@ -103,7 +109,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from sleuth._http import number_option, refuse_credentials
+from sleuth._http import bool_option, number_option, refuse_credentials
 from sleuth.llm.base import LLMError, register_backend
 from sleuth.llm.openai_compat import OpenAICompatLLM
 from sleuth.llm.vllm_install import nvidia_device_nodes
@@ -160,7 +166,7 @@ _SERVER_OPTIONS = (
     "args",
     "url",
 )
-_CLIENT_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env")
+_CLIENT_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env", "token_out")
 
 
 # -------------------------------------------------------------------- finding vLLM
@@ -422,6 +428,10 @@ class ServerConfig:
         """vLLM's arguments; ``gpu_memory_utilization`` is the share sleuth chose when the spec set none."""
         args = ["--model", self.model, "--host", self.host, "--port", str(port)]
         args += ["--generation-config", self.generation_config]
+        if not any(a.split("=", 1)[0] == "--logprobs-mode" for a in self.extra_args):
+            # the sampled tokens' log-probs at the sampling temperature (as the hf backend reports them), which
+            # the RL sampler correction compares with the trainer's; prompt log-probs (score) are the same either way
+            args += ["--logprobs-mode", "processed_logprobs"]
         if self.tensor_parallel != 1:
             args += ["--tensor-parallel-size", str(self.tensor_parallel)]
         dtype = self.dtype or (CPU_DEFAULT_DTYPE if self.on_cpu else None)
@@ -793,10 +803,7 @@ def server_config(target: str, options: dict[str, str], *, python: str | None = 
     where = "vllm spec"
 
     def flag(name: str) -> bool:
-        value = options.get(name, "0").strip().lower()
-        if value not in ("0", "1", "true", "false", "yes", "no", ""):
-            raise LLMError(f"{where} option {name}={value!r} is not a boolean (1/0, true/false)")
-        return value in ("1", "true", "yes")
+        return bool_option(options, name, LLMError, where)
 
     device = options.get("device", "auto")
     if device not in ("auto", "cpu", "gpu"):
@@ -836,6 +843,7 @@ def _client_options(options: dict[str, str], concurrency: int) -> dict[str, Any]
         "max_retries": number_option(options, "max_retries", int, 5, LLMError, where),
         "backoff": number_option(options, "backoff", float, 0.5, LLMError, where),
         "key_env": options.get("key_env") or "OPENAI_API_KEY",
+        "token_out": bool_option(options, "token_out", LLMError, where),
     }
 
 

@@ -1,6 +1,6 @@
 """Online RL for search agents: rollouts through the agent code, then a GRPO or PPO update of the policy.
 
-Size: one module on purpose (about 1,300 lines): the loop, the models (policy, reference, critic, with LoRA and
+Size: one module on purpose (about 1,500 lines): the loop, the models (policy, reference, critic, with LoRA and
 FSDP), the checkpoint format and resumption rely on each other's invariants (what is saved on every process is what
 is restored); the RL maths is in :mod:`sleuth.train.rl`, token handling in :mod:`sleuth.train.tokens`, the methods
 in ``arena_rl`` and ``s3_rl``.
@@ -222,11 +222,13 @@ class RLConfig(TrainConfig):
     group_size: int = 4  # rollouts per question (GRPO groups; PPO: usually 1)
     mini_batches: int = 1  # optimizer steps per rollout batch
     ppo_epochs: int = 1
-    micro_batch: int = 4  # sequences per forward/backward (memory only: gradients are accumulated)
+    micro_batch: int = 4  # at most this many sequences per forward/backward (memory only: gradients accumulate)
     # the update's micro-batches by a token budget (sleuth.train.packing.micro_batch_budget): each mini-batch's
-    # episodes sorted by length and cut so that rows x longest <= micro_batch_tokens (micro_batch then unused).
+    # episodes sorted by length and cut so that rows x longest <= micro_batch_tokens and rows <= micro_batch.
     # Exact only with micro_batch_aggregation mini_batch_mean. None: 4096 there, fixed micro_batch rows with
-    # micro_batch_mean (where grouping changes the weighting); 0: fixed rows; > 0: the budget, whatever the mode
+    # micro_batch_mean (where grouping changes the weighting); 0: fixed rows; > 0: the budget, whatever the mode.
+    # Memory: a PPO micro-batch (policy + separate critic, fp32, SmolLM2-135M) holds ~3.5 GB of activations per
+    # 1,000 tokens on a CPU (gradient_checkpointing cuts most of it)
     micro_batch_tokens: int | None = None
     critic_learning_rate: float = 1e-5
     warmup_steps: int = 0  # linear warm-up of the actor's learning rate (lr * (step + 1) / warmup_steps)
@@ -1349,7 +1351,14 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
 
         served_dir = Path(config.rollout_adapter_dir or out / "served")
         # LoRA: the adapter is loaded by name each step; full fine-tuning: the server reloads all weights in place
-        served = ServedPolicy(config.rollout_server, served_dir, dist, mode="lora" if config.lora else "full")
+        served = ServedPolicy(
+            config.rollout_server,
+            served_dir,
+            dist,
+            mode="lora" if config.lora else "full",
+            tokenizer=models.tokenizer,
+            token_out=config.episode_tokens == "sampled",  # prompt ids in; sampled ids and log-probs back
+        )
     agent = task.agent_config(config)
     if resume is not None:  # continue the random streams where the checkpoint left them (mini-batch order)
         saved = json.loads((checkpoint / "state.json").read_text())

@@ -19,7 +19,10 @@ Before each step's rollouts, :meth:`ServedPolicy.publish` saves the adapter to `
 shared file system), asks the server to load it (``POST /v1/load_lora_adapter {"lora_name", "lora_path"}``),
 unloads and deletes the previous step's adapter, and returns an ``openai`` backend whose model is the new adapter's
 name: every rollout request of the step names the adapter it samples from, so no request can hit stale weights.
-The old log-probs of the update are still computed by the trainer's own forward pass, as before.
+With ``episode_tokens: sampled`` (the default) the backend is token-in, token-out (``token_out``, the policy's
+tokenizer): prompts go to the server as ids and the sampled ids come back with the server's log-probs, so the update
+trains on exactly the sampled tokens and corrects for the difference between the server's distribution and the
+trainer's old log-probs, which the trainer still computes with its own forward pass (``sampler_correction``).
 
 Adapter names are ``NAME-RUNID-step-NNNNN``, ``RUNID`` a random id drawn per :class:`ServedPolicy`: a long-lived
 server may still hold the adapters of an earlier run (vLLM refuses to load a name it holds, HTTP 400), and two runs
@@ -126,6 +129,8 @@ class ServedPolicy:
         max_retries: int | None = None,
         run_id: str | None = None,
         mode: str = "lora",
+        tokenizer: Any = None,
+        token_out: bool = False,
     ) -> None:
         from sleuth.llm import load_llm
         from sleuth.llm.base import parse_spec
@@ -153,6 +158,8 @@ class ServedPolicy:
         self.dist = dist
         self.name = name
         self.mode = mode
+        # token-in, token-out sampling (the backend's ``token_out``) with the policy's tokenizer
+        self.client_extras: dict[str, Any] = {"score_tokenizer": tokenizer, "token_out": token_out}
         # the last publish's parts on process 0 (lora: save, load; full: save, reload, reset)
         self.seconds: dict[str, float] = {}
         # the spec's own max_retries (openai:...?max_retries=N) unless the caller sets one
@@ -249,7 +256,7 @@ class ServedPolicy:
             if self.dist.main:
                 self._publish_full(policy, step)
             self.dist.barrier()
-            return OpenAICompatLLM(**_client_settings(self.template))
+            return OpenAICompatLLM(**_client_settings(self.template), **self.client_extras)
         if self.dist.main:
             path = (self.directory / f"step-{step:05d}").resolve()
             shutil.rmtree(path, ignore_errors=True)
@@ -265,7 +272,8 @@ class ServedPolicy:
                 shutil.rmtree(self.current[1], ignore_errors=True)
             self.current = (name, path)
         self.dist.barrier()
-        return OpenAICompatLLM(**{**_client_settings(self.template), "model": self.adapter_name(step)})
+        settings = {**_client_settings(self.template), "model": self.adapter_name(step)}
+        return OpenAICompatLLM(**settings, **self.client_extras)
 
     def close(self) -> None:
         """Unload the current adapter (full: delete the last weights saved for the server) and stop the server if
