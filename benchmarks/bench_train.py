@@ -23,13 +23,15 @@ reference) counts ``k = 2``; the PPO critic counts as the policy less its lm_hea
 of two ``--peak-n`` square matrices, ``2 n^3`` FLOPs, best of several, measured in the same run and threads.
 "Share of peak" = useful FLOPs / step time / peak. Padding waste = padded tokens / (useful + padded).
 
-    python benchmarks/bench_train.py --out docs/results/bench_train.json    # ~10-15 min on 2 cores
+    python benchmarks/bench_train.py --parts sft,dpo --out sft_dpo.json   # ~6 min on 2 cores
+    python benchmarks/bench_train.py --parts ppo --out ppo.json           # ~5 min, ~13 GB: apart on a 24 GB machine
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -211,6 +213,7 @@ def main() -> None:
             secs = [timed(lambda g=groups: sft_step(model, optimizer, seqs, g, 0)) for _ in range(args.repeats)]
             report("sft", name, secs, flops, sum(lengths), waste(groups, lengths))
         del model, optimizer
+        gc.collect()
     if "dpo" in parts:
         model, optimizer = fresh()
         params = sum(p.numel() for p in model.parameters())
@@ -235,6 +238,7 @@ def main() -> None:
             secs = [timed(lambda g=groups: dpo_step(model, ref, optimizer, pairs, g)) for _ in range(args.repeats)]
             report("dpo", name, secs, flops, sum(useful), extra)
         del model, optimizer, ref
+        gc.collect()
     if "ppo" in parts:
         from sleuth.train import online_rl
         from sleuth.train.online_rl import Episode, RLConfig
@@ -289,6 +293,7 @@ def main() -> None:
             extra = waste(groups, lengths)
             report("ppo", name, secs, flops, sum(lengths), extra)
             del models
+            gc.collect()
     result["peak_flops"]["after"] = matmul_peak(args.peak_n, 5)
     result["load_avg"]["end"] = os.getloadavg()
     print(f"peak after {result['peak_flops']['after'] / 1e9:.1f} GFLOP/s", flush=True)

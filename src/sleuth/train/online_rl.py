@@ -227,8 +227,8 @@ class RLConfig(TrainConfig):
     # episodes sorted by length and cut so that rows x longest <= micro_batch_tokens and rows <= micro_batch.
     # Exact only with micro_batch_aggregation mini_batch_mean. None: 4096 there, fixed micro_batch rows with
     # micro_batch_mean (where grouping changes the weighting); 0: fixed rows; > 0: the budget, whatever the mode.
-    # Memory: a PPO micro-batch (policy + separate critic, fp32, SmolLM2-135M) holds ~3.5 GB of activations per
-    # 1,000 tokens on a CPU (gradient_checkpointing cuts most of it)
+    # Memory: a PPO micro-batch (policy + separate critic, fp32, SmolLM2-135M) holds ~2 GB of activations per
+    # 1,000 tokens on a CPU, ~0.2-0.4 GB with gradient_checkpointing (docs/results/bench_train.md)
     micro_batch_tokens: int | None = None
     critic_learning_rate: float = 1e-5
     warmup_steps: int = 0  # linear warm-up of the actor's learning rate (lr * (step + 1) / warmup_steps)
