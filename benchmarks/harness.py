@@ -59,7 +59,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sleuth.eval.stats import ALPHA, MIN_QUESTIONS, bootstrap_ci, holm, paired_difference_ci, paired_test, shown
+from sleuth.eval.stats import (
+    ALPHA,
+    MIN_QUESTIONS,
+    bootstrap_ci,
+    detectable_difference,
+    holm,
+    paired_difference_ci,
+    paired_test,
+    questions_needed,
+    shown,
+)
 from sleuth.retrieval.building import write_atomic
 from sleuth.train.tracking import flatten
 
@@ -644,12 +654,37 @@ def claims(results: dict[str, Any], specs: Sequence[dict[str, Any]], seed: int =
                 "p_exact": c["p_exact"],
                 "test": c["test"],
                 "shown": shown(c["p_exact"], len(after)),
+                **power(c["test"], len(after), c["better"], c["worse"]),
             }
         )
     for claim, p in zip(out, holm([c["p_exact"] for c in out]), strict=True):
         claim["p_holm"] = p
         claim["shown_holm"] = shown(p, claim["n"])
     return out
+
+
+def power(test: str, n: int, better: int, worse: int, target: float = 0.8) -> dict[str, Any]:
+    """What the test questions could show (exact McNemar claims only; ``{}`` otherwise): ``detectable`` the smallest
+    difference (a share) the test detects with ``target`` power at the observed rate of changed questions (None when
+    even all of them turning better would not be enough), ``needed`` the questions the observed rates would need
+    (None when the run was not better). :func:`sleuth.eval.stats.detectable_difference`, ``questions_needed``."""
+    if test != "exact McNemar" or n == 0:
+        return {}
+    changed = (better + worse) / n
+    return {
+        "power_target": target,
+        "detectable": detectable_difference(n, changed, target) if changed > 0 else None,
+        "needed": questions_needed(better / n, worse / n, target) if better > worse else None,
+    }
+
+
+def power_cell(claim: dict[str, Any]) -> str:
+    """The claims tables' power column: ``+7.3 / 335`` (detectable difference in points / questions needed)."""
+    if "power_target" not in claim:
+        return "-"
+    detectable = "not at this rate" if claim["detectable"] is None else f"{100 * claim['detectable']:+.1f}"
+    needed = "-" if claim["needed"] is None else f"{claim['needed']:,}"
+    return f"{detectable} / {needed}"
 
 
 def claims_table(found: Sequence[dict[str, Any]]) -> list[str]:
@@ -660,17 +695,21 @@ def claims_table(found: Sequence[dict[str, Any]]) -> list[str]:
         f"A claim is **shown** when its one-sided exact p < {ALPHA} on >= {MIN_QUESTIONS} test questions (exact "
         "McNemar on the questions that changed for 0-1 metrics, exact or 100,000-draw sign-flip test otherwise); "
         "Holm's correction across this benchmark's claims is the last column. The difference's paired bootstrap "
-        "95% CI is shown beside it, not used for the verdict.",
+        "95% CI is shown beside it, not used for the verdict. Power (exact McNemar claims): the smallest "
+        "difference the test detects with 80% power at the observed rate of changed questions, and the test "
+        "questions the observed rates would need for 80% power (`-`: the run was not better).",
         "",
-        "| claim | metric | n | better / worse | difference [95% CI] | exact p | shown | Holm p | shown (Holm) |",
-        "|---|---|---:|---|---|---:|---|---:|---|",
+        "| claim | metric | n | better / worse | difference [95% CI] | exact p | shown | Holm p | shown (Holm) "
+        "| power: detectable / questions needed |",
+        "|---|---|---:|---|---|---:|---|---:|---|---|",
     ]
     for c in found:
         metric = c["metric"] + (f" vs {c['before_metric']}" if "before_metric" in c else "")
         lines.append(
             f"| {c['name']} ({c['after']} vs {c['before']}) | {metric} | {c['n']} | {c['better']} / {c['worse']} "
             f"| {pct(c['mean'], True)} [{pct(c['lo'], True)}, {pct(c['hi'], True)}] | {_p(c['p_exact'])} "
-            f"| {'yes' if c['shown'] else 'no'} | {_p(c['p_holm'])} | {'yes' if c['shown_holm'] else 'no'} |"
+            f"| {'yes' if c['shown'] else 'no'} | {_p(c['p_holm'])} | {'yes' if c['shown_holm'] else 'no'} "
+            f"| {power_cell(c)} |"
         )
     return lines
 

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import REPO, claims, with_claims_table  # noqa: E402
+from harness import REPO, _p, claims, power_cell, with_claims_table  # noqa: E402
 
 from sleuth.retrieval.building import write_atomic  # noqa: E402
 
@@ -46,8 +46,8 @@ def table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Markdown: one row per claim of every benchmark."""
     lines = [
         "| benchmark | claim | metric | n | better / worse | difference [95% CI] | exact p | shown | Holm p | "
-        "shown (Holm) |",
-        "|---|---|---|---:|---|---|---:|---|---:|---|",
+        "shown (Holm) | power: detectable / questions needed |",
+        "|---|---|---|---:|---|---|---:|---|---:|---|---|",
     ]
     for bench, c in rows:
         metric = c["metric"] + (f" vs {c['before_metric']}" if "before_metric" in c else "")
@@ -55,13 +55,10 @@ def table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
         lines.append(
             f"| {bench} | {c['name']} ({c['after']} vs {c['before']}) | {metric} | {c['n']} | "
             f"{c['better']} / {c['worse']} | {100 * c['mean']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}] | "
-            f"{_p(p)} | {'**yes**' if c['shown'] else 'no'} | {_p(holm_p)} | {'yes' if c['shown_holm'] else 'no'} |"
+            f"{_p(p)} | {'**yes**' if c['shown'] else 'no'} | {_p(holm_p)} | {'yes' if c['shown_holm'] else 'no'} | "
+            f"{power_cell(c)} |"
         )
     return lines
-
-
-def _p(p: float) -> str:
-    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
 def main() -> None:

@@ -378,7 +378,11 @@ def test_claims_carry_exact_tests_and_holm_and_replace_their_table(tmp_path: Pat
     assert (rl["better"], rl["worse"], rl["p_exact"], rl["shown"]) == (4, 0, 0.0625, False)
     assert rl["p_holm"] == pytest.approx(0.125) and sft["p_holm"] == pytest.approx(3 * 2.0**-47)
     assert f1["p_exact"] == 1.0 and f1["test"] == "sign-flip" and not f1["shown_holm"]
+    # power: 4 of 100 changed is too few for 80% power at any split; the observed rates would need more questions
+    assert rl["detectable"] is None and rl["needed"] is not None and rl["needed"] > 100
+    assert sft["detectable"] is not None and sft["detectable"] < 0.47 and "power_target" not in f1
     markdown = with_claims_table("# report\n", found)
+    assert f"| not at this rate / {rl['needed']:,} |" in markdown
     assert "| SFT > base (sft vs base) | em | 100 | 47 / 0 |" in markdown
     assert with_claims_table(markdown, found[:1]).count("## Claims") == 1
     assert "RL > SFT" not in with_claims_table(markdown, found[:1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from math import comb
 
 import pytest
@@ -9,11 +10,15 @@ import pytest
 from sleuth.eval.stats import (
     ALPHA,
     MIN_QUESTIONS,
+    binomial_tail,
     bootstrap_ci,
+    detectable_difference,
     exact_mcnemar,
     holm,
+    mcnemar_power,
     paired_difference_ci,
     paired_test,
+    questions_needed,
     shown,
     sign_flip_test,
 )
@@ -92,3 +97,41 @@ def test_holm_and_the_claim_standard() -> None:
     assert holm([]) == []
     assert ALPHA == 0.05 and MIN_QUESTIONS == 100
     assert shown(0.049, 100) and not shown(0.05, 100) and not shown(0.001, 99)
+
+
+def _power_by_enumeration(n: int, p_better: float, p_worse: float) -> float:
+    """Every (better, worse) outcome of n questions with its multinomial probability; reject when the exact
+    one-sided McNemar p of that outcome is below 0.05."""
+    total = 0.0
+    for b in range(n + 1):
+        for w in range(n + 1 - b):
+            prob = math.factorial(n) / (math.factorial(b) * math.factorial(w) * math.factorial(n - b - w))
+            prob *= p_better**b * p_worse**w * (1 - p_better - p_worse) ** (n - b - w)
+            if binomial_tail(b, b + w) < 0.05:
+                total += prob
+    return total
+
+
+@pytest.mark.parametrize(("n", "p_better", "p_worse"), [(6, 0.3, 0.1), (12, 0.2, 0.05), (20, 0.1, 0.1), (9, 0.5, 0.0)])
+def test_mcnemar_power_equals_the_enumeration_of_every_outcome(n: int, p_better: float, p_worse: float) -> None:
+    assert mcnemar_power(n, p_better, p_worse) == pytest.approx(_power_by_enumeration(n, p_better, p_worse), abs=1e-9)
+
+
+def test_power_edges_detectable_difference_and_questions_needed() -> None:
+    assert mcnemar_power(5, 1.0, 0.0) == pytest.approx(1.0)  # 5 of 5 better: p = 1/32 < 0.05
+    assert mcnemar_power(4, 1.0, 0.0) == 0.0  # 4 of 4: p = 1/16, never shown
+    assert mcnemar_power(100, 0.0, 0.0) == 0.0
+    # ARENA's GRPO > warm start on EM: 4 of 102 questions changed, all better; at that rate of change not even a
+    # run where every changed question improves reaches 80% power
+    assert detectable_difference(102, 4 / 102) is None
+    assert mcnemar_power(102, 4 / 102, 0.0) < 0.8
+    needed = questions_needed(4 / 102, 0.0)
+    assert needed is not None and 102 < needed < 400
+    assert all(mcnemar_power(m, 4 / 102, 0.0) >= 0.8 for m in range(needed, needed + needed // 20 + 1))
+    found = detectable_difference(100, 0.08)
+    assert found is not None
+    assert mcnemar_power(100, (0.08 + found) / 2, (0.08 - found) / 2) >= 0.8
+    assert mcnemar_power(100, (0.08 + found - 0.002) / 2, (0.08 - found + 0.002) / 2) < 0.8
+    assert questions_needed(0.05, 0.05) is None and questions_needed(0.03, 0.07) is None
+    with pytest.raises(ValueError):
+        mcnemar_power(10, 0.7, 0.5)

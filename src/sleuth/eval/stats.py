@@ -5,10 +5,16 @@ question-difficulty variance, so a small improvement can be told apart from nois
 A percentile bootstrap over a handful of changed questions is anti-conservative (4 better, 0 worse gives a CI
 strictly above 0, while the exact one-sided p is 1/16 = 0.0625), so a claim rests on an exact paired test:
 :func:`exact_mcnemar` for 0-1 metrics, :func:`sign_flip_test` for continuous ones, and the standard of
-:func:`shown` (``ALPHA``, ``MIN_QUESTIONS``); :func:`holm` corrects across a benchmark's claims."""
+:func:`shown` (``ALPHA``, ``MIN_QUESTIONS``); :func:`holm` corrects across a benchmark's claims.
+
+Power, for a claim that is not shown (is the effect absent, or too small for the questions there are?):
+:func:`mcnemar_power` is the exact power of the one-sided exact McNemar test, :func:`detectable_difference` the
+smallest difference it detects with a given power at a given rate of changed questions, :func:`questions_needed` the
+test questions an observed effect would need."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -20,8 +26,11 @@ __all__ = [
     "binomial_tail",
     "bootstrap_ci",
     "exact_mcnemar",
+    "detectable_difference",
     "holm",
+    "mcnemar_power",
     "paired_difference_ci",
+    "questions_needed",
     "paired_test",
     "shown",
     "sign_flip_test",
@@ -165,3 +174,104 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 def shown(p: float, n: int) -> bool:
     """The claim standard: one-sided exact ``p < ALPHA`` on ``n >= MIN_QUESTIONS`` test questions."""
     return p < ALPHA and n >= MIN_QUESTIONS
+
+
+_LOG_FACTORIALS = np.zeros(1)
+
+
+def _log_factorials(n: int) -> np.ndarray:
+    """``log(k!)`` for ``k = 0..n`` (grown and kept between calls)."""
+    global _LOG_FACTORIALS
+    if _LOG_FACTORIALS.size <= n:
+        size = max(n + 1, 2 * _LOG_FACTORIALS.size)
+        _LOG_FACTORIALS = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, size)))])
+    return _LOG_FACTORIALS[: n + 1]
+
+
+def _binomial_pmf(n: int, p: float) -> np.ndarray:
+    """``P(X = k)`` for ``k = 0..n``, ``X ~ Binomial(n, p)``, computed in log space (no overflow for large ``n``)."""
+    if p <= 0.0 or p >= 1.0:
+        pmf = np.zeros(n + 1)
+        pmf[0 if p <= 0.0 else n] = 1.0
+        return pmf
+    k = np.arange(n + 1)
+    logs = _log_factorials(n)
+    return np.exp(logs[n] - logs - logs[::-1] + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+def _upper_tails(pmf: np.ndarray) -> np.ndarray:
+    """``P(X >= k)`` for ``k = 0..n`` from a pmf."""
+    return np.cumsum(pmf[::-1])[::-1]
+
+
+@functools.lru_cache(maxsize=100_000)
+def _critical_better(discordant: int, alpha: float) -> int:
+    """The fewest ``better`` of ``discordant`` changed questions that the one-sided exact McNemar test rejects at
+    ``alpha`` (``discordant + 1`` when none does)."""
+    rejecting = np.nonzero(_upper_tails(_binomial_pmf(discordant, 0.5)) < alpha)[0]
+    return int(rejecting[0]) if rejecting.size else discordant + 1
+
+
+def mcnemar_power(n: int, p_better: float, p_worse: float, alpha: float = ALPHA) -> float:
+    """Exact power of the one-sided exact McNemar test (:func:`exact_mcnemar`, ``p < alpha``) on ``n`` questions
+    when each question independently turns better with probability ``p_better`` and worse with ``p_worse``: the
+    number of changed questions ``D ~ Binomial(n, p_better + p_worse)`` and, given ``D = d``, the better ones
+    ``~ Binomial(d, p_better / (p_better + p_worse))``; summed over every ``d`` of non-negligible probability."""
+    if n < 0 or p_better < 0 or p_worse < 0 or p_better + p_worse > 1:
+        raise ValueError("need n >= 0, p_better >= 0, p_worse >= 0 and p_better + p_worse <= 1")
+    changed = p_better + p_worse
+    if n == 0 or changed == 0:
+        return 0.0
+    share = p_better / changed
+    power = 0.0
+    for d, weight in enumerate(_binomial_pmf(n, changed)):
+        if weight < 1e-13 or d == 0:
+            continue
+        k = _critical_better(d, alpha)
+        if k <= d:
+            power += weight * float(_binomial_pmf(d, share)[k:].sum())
+    return min(power, 1.0)
+
+
+def detectable_difference(n: int, changed: float, power: float = 0.8, alpha: float = ALPHA) -> float | None:
+    """The smallest difference ``p_better - p_worse`` (a share of the questions) that :func:`mcnemar_power` detects
+    with probability ``power`` on ``n`` questions of which a share ``changed`` (= ``p_better + p_worse``) change;
+    None when even all changed questions turning better is not enough. Resolution 1e-4."""
+    if not 0 < changed <= 1:
+        raise ValueError("changed must be in (0, 1]")
+    if mcnemar_power(n, changed, 0.0, alpha) < power:
+        return None
+    low, high = 0.0, changed
+    while high - low > 1e-4:
+        mid = (low + high) / 2
+        if mcnemar_power(n, (changed + mid) / 2, (changed - mid) / 2, alpha) >= power:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def questions_needed(
+    p_better: float, p_worse: float, power: float = 0.8, alpha: float = ALPHA, limit: int = 100_000
+) -> int | None:
+    """The fewest test questions on which :func:`mcnemar_power` reaches ``power`` for these rates (the rates a run
+    observed, ``better / n`` and ``worse / n``); None when ``p_better <= p_worse`` or beyond ``limit``. The power
+    is not monotone in ``n`` (the exact test's discreteness), so the answer is the first ``n`` from which it stays
+    at or above ``power`` over the next 5% of sizes."""
+    if p_better <= p_worse:
+        return None
+    low, high = 1, 1
+    while mcnemar_power(high, p_better, p_worse, alpha) < power:
+        if high >= limit:
+            return None
+        low, high = high, min(2 * high, limit)
+    while low < high:  # the first n with power >= target (bisection on a nearly monotone curve)
+        mid = (low + high) // 2
+        if mcnemar_power(mid, p_better, p_worse, alpha) >= power:
+            high = mid
+        else:
+            low = mid + 1
+    n = low
+    while any(mcnemar_power(m, p_better, p_worse, alpha) < power for m in range(n + 1, n + 1 + max(1, n // 20))):
+        n += 1
+    return n
