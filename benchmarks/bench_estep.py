@@ -4,12 +4,12 @@
 The E-step samples every model turn as the best of ``--best-of`` candidates ranked by p(text | conversation) and
 then weights each trajectory by p(gold answer | x, z) (:mod:`sleuth.train.exsearch_em`). Both are ``score`` calls;
 sampling runs on a vLLM server in either arm. Arm ``hf``: scores from the ``hf:`` backend on CPU (the E-step before
-issue 37); arm ``vllm``: scores from the server (``prompt_logprobs`` on token ids, the E-step's default now). The
-arms alternate ``--repeats`` times on the same questions, with the server's prefix cache off so that neither arm's
-sampling is served from the other's cache. Sampling is stochastic, so the candidates differ between arms; the
-numbers of candidates and scores are reported next to the times.
+issue 37); arm ``vllm``: scores from the server (``prompt_logprobs`` on token ids, ``score_on_engine: true``; off by
+default on CPU, where it is slower). The arms alternate ``--repeats`` times on the same questions, with the server's
+prefix cache off so that neither arm's sampling is served from the other's cache. Sampling is stochastic, so the
+candidates differ between arms; the numbers of candidates and scores are reported next to the times.
 
-    python benchmarks/bench_estep.py --questions 8 --best-of 8 --out docs/results/bench_estep.json
+    python benchmarks/bench_estep.py --questions 3 --best-of 8 --out docs/results/bench_estep.json   # ~11 min
 """
 
 from __future__ import annotations
