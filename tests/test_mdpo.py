@@ -27,6 +27,7 @@ from sleuth.train.mdpo import (
     load_pairs,
     reference_gate,
     sample_rollouts,
+    split_heldout,
     subanswer_agreement,
     train_dpo,
     train_mdpo,
@@ -143,11 +144,39 @@ def test_pairs_best_vs_worst_decomposition_subanswers_and_final() -> None:
     assert (final["chosen"][0]["content"], final["rejected"][0]["content"]) == (RIGHT, WRONG)
     assert "Answer: Paris" in final["prompt"][0]["content"] and "Wrap your answer" in final["prompt"][0]["content"]
     assert stats["reward_margin"]["all"] == 1.0 and stats["mean_reward"] == pytest.approx(0.5)
+    # the diagnosis: every chosen side is the correct one here (decompositions by their runs' mean EM)
+    assert (dec["chosen_em"], dec["rejected_em"]) == (1.0, 0.0)
+    assert (final["chosen_em"], final["rejected_em"]) == (1.0, 0.0)
+    assert stats["pair_correctness"]["all"] == {
+        "pairs": 3,
+        "chosen_correct": 1.0,
+        "rejected_correct": 0.0,
+        "chosen_better": 1.0,
+        "equal": 0.0,
+        "rejected_better": 0.0,
+    }
 
     best_only, _ = build_pairs(rollouts, MDPOConfig(pairs_from="best", pair_sets=("decompose", "final")))
     assert [p["set"] for p in best_only] == ["decompose"]  # the best decomposition's runs are all tied
     canonical, _ = build_pairs(rollouts, MDPOConfig(decomposition_completion="canonical", pair_sets=("decompose",)))
     assert canonical[0]["rejected"][0]["content"] == "### Q1: Who is Ann?"
+
+
+def test_pair_correctness_finds_pairs_whose_rejected_side_was_right_too() -> None:
+    """Under the paper's reward (EM x format) an untagged but correct final answer scores 0: the pair it loses is
+    counted as ``equal`` by EM, a pair that teaches the format, not the answer."""
+    rollouts = runs("q1", 0, D_GOOD, [GOOD, (["Paris", "France"], UNTAGGED)]) + runs("q1", 1, D_ALT, [BAD, BAD])
+    pairs, stats = build_pairs(rollouts, MDPOConfig(pair_sets=("final",)))
+    assert [(p["chosen_em"], p["rejected_em"]) for p in pairs] == [(1.0, 1.0)]
+    assert stats["pair_correctness"]["final"]["equal"] == 1.0 and stats["pair_correctness"]["final"]["pairs"] == 1
+    train, held = split_heldout(_pairs(3), 0.5, seed=0)
+    assert (
+        len(train) == 1
+        and len(held) == 2
+        and {p["question_id"] for p in train}.isdisjoint(p["question_id"] for p in held)
+    )
+    assert split_heldout(_pairs(3), 0.0, seed=0) == (_pairs(3), [])
+    assert len(split_heldout(_pairs(3), 0.99, seed=0)[0]) == 1  # one question always trains
 
 
 def test_ties_are_dropped_and_counted() -> None:
@@ -467,6 +496,31 @@ def test_parameters_change_after_a_dpo_step(tmp_path: Path, tiny_model_dir: Path
     assert not (tmp_path / "iter1" / "trainer").exists() and not (tmp_path / "iter1" / "model.partial").exists()
     saved = json.loads((tmp_path / "iter1" / "train_metrics.json").read_text())
     assert saved["steps"] == 1 and saved["accuracy"] is not None
+    assert saved["heldout"] is None
+
+
+def test_heldout_pairs_give_the_implicit_reward_curve(tmp_path: Path, tiny_model_dir: Path) -> None:
+    config = MDPOConfig(
+        learning_rate=1e-3,
+        max_steps=2,
+        batch_size=1,
+        per_device_batch_size=1,
+        warmup_ratio=0.0,
+        heldout_pairs=0.5,
+        heldout_eval_steps=1,
+        progress=False,
+    )
+    metrics = train_dpo(config, tiny_model_dir, _pairs(3), tmp_path / "iter1")
+    assert metrics["pairs"] == 1 and metrics["steps"] == 2
+    held = metrics["heldout"]
+    assert held["pairs"] == 2 and held["questions"] == 2
+    assert [point["step"] for point in held["curve"]] == [1, 2]
+    for point in held["curve"]:
+        assert {"loss", "accuracy", "margin", "logps_chosen", "logps_rejected"} <= point.keys()
+    # the policy moved away from the reference: the held-out implicit rewards are no longer 0
+    assert held["curve"][-1]["margin"] != 0.0
+    with pytest.raises(ValueError, match="heldout_pairs"):
+        MDPOConfig(heldout_pairs=1.0).validate()
 
 
 # ------------------------------------------------------------------------------------------------ iterations
@@ -524,8 +578,8 @@ def test_reference_of_each_iteration_is_the_previous_policy(
     seen: list[dict[str, Any]] = []
     real = mdpo.build_dpo_trainer
 
-    def spy(config: MDPOConfig, policy: Path, pairs: list, output_dir: Path, reference: Any = None) -> Any:
-        trainer = real(config, policy, pairs, output_dir, reference)
+    def spy(config: MDPOConfig, policy: Path, pairs: list, output_dir: Path, **options: Any) -> Any:
+        trainer = real(config, policy, pairs, output_dir, **options)
         seen.append(
             {
                 "policy": Path(policy),

@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -407,7 +408,9 @@ def evaluate_dev(
     method: str = "acesearcher",
 ) -> dict[str, Any]:
     """Run the agent ``method`` (``agent``: its config; decoding greedy by default) on ``examples``; mean EM / F1,
-    failed runs. ``out``: also write the traces there (jsonl)."""
+    failed runs, and what over-optimisation shows first: the mean completion tokens of a run and characters of its
+    answer, and the share of runs where the lenient parsers fell back (``format_fallback_rate``, the most frequent
+    fallbacks in ``fallbacks``). ``out``: also write the traces there (jsonl)."""
     from sleuth.runner import run
 
     if not examples:
@@ -420,11 +423,18 @@ def evaluate_dev(
     scores = [score_example(t.example, t.answer or "") for t in traces]
     em = [float(s.get("em") or 0.0) for s in scores]
     f1 = [float(s.get("f1") or s.get("em") or 0.0) for s in scores]
+    fallbacks: Counter[str] = Counter()
+    for trace in traces:
+        fallbacks.update({name for step in trace.steps if step.fallback for name in step.fallback.split(",")})
     return {
         "n": len(traces),
         "em": sum(em) / len(em),
         "f1": sum(f1) / len(f1),
         "errors": sum(t.error is not None for t in traces),
+        "completion_tokens_mean": sum(t.completion_tokens for t in traces) / len(traces),
+        "answer_chars_mean": sum(len(t.answer or "") for t in traces) / len(traces),
+        "format_fallback_rate": sum(any(s.fallback for s in t.steps) for t in traces) / len(traces),
+        "fallbacks": dict(fallbacks.most_common(10)),
         "per_example_em": em,
         "per_example_f1": f1,
     }

@@ -60,6 +60,7 @@ import dataclasses
 import gc
 import json
 import os
+import random
 import shutil
 import time
 from collections import Counter
@@ -173,6 +174,11 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
     # another DPO setting (beta, learning_rate, nll_weight, ...) on the same starting model trains on the very samples
     # of the first without drawing them again. A plain string is one directory.
     rollouts_from: tuple[str, ...] = ()
+    # Diagnosis (not in the paper): hold out the pairs of this share of each iteration's questions from DPO and
+    # evaluate the implicit reward on them every heldout_eval_steps optimizer steps and at the end (TRL's eval
+    # rewards/accuracies, margins, chosen/rejected log-probs: train_metrics.json "heldout"). 0: train on all pairs.
+    heldout_pairs: float = 0.0
+    heldout_eval_steps: int = 5
 
     def validate(self) -> None:
         """Raise ValueError for option values train_mdpo cannot run with."""
@@ -200,6 +206,10 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
                 raise ValueError(f"{name} must be >= 1")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError("warmup_ratio must be in [0, 1)")
+        if not 0.0 <= self.heldout_pairs < 1.0:
+            raise ValueError("heldout_pairs must be in [0, 1): the share of questions whose pairs are held out")
+        if self.heldout_eval_steps < 1:
+            raise ValueError("heldout_eval_steps must be >= 1")
         if self.later_learning_rate is not None and self.later_learning_rate <= 0:
             raise ValueError("later_learning_rate must be > 0 (None: every iteration at learning_rate)")
         engine_spec(self, Path("MODEL"))
@@ -430,6 +440,11 @@ class Trajectory:
     def final_step(self) -> Step | None:
         return next((s for s in reversed(self.trace.steps) if s.kind == "answer"), None)
 
+    @property
+    def em(self) -> float:
+        """Exact match of the run's final answer (as evaluation scores it), whatever the training reward."""
+        return float(score_example(self.trace.example, self.trace.answer or "").get("em") or 0.0)
+
 
 def trajectories(rollouts: Iterable[Rollout], reward: str = "paper") -> dict[str, list[Trajectory]]:
     """Scored trajectories by question id, each list ordered by (decomposition, solution)."""
@@ -469,6 +484,11 @@ class _Decomposition:
     def mean_reward(self) -> float:
         runs = self.valid_runs
         return sum(t.reward for t in runs) / len(runs) if runs else 0.0
+
+    @property
+    def mean_em(self) -> float:
+        runs = self.valid_runs
+        return sum(t.em for t in runs) / len(runs) if runs else 0.0
 
     def completion(self, style: str) -> str:
         if style == "canonical":
@@ -638,6 +658,8 @@ def _decompose_pair(
             (best.mean_reward, worst.mean_reward),
             chosen_key=f"{question}#{best.index}",
             rejected_key=f"{question}#{worst.index}",
+            chosen_em=best.mean_em,
+            rejected_em=worst.mean_em,
         )
 
 
@@ -665,7 +687,7 @@ def _solver_pairs(
         return
     minus = max((t for t in runs if t.reward == lowest), key=lambda t: _agreement(plus, t, config.agreement))
     rewards = (plus.reward, minus.reward)
-    keys = {"chosen_key": plus.key, "rejected_key": minus.key}
+    keys = {"chosen_key": plus.key, "rejected_key": minus.key, "chosen_em": plus.em, "rejected_em": minus.em}
 
     plus_steps, minus_steps = plus.subanswer_steps(), minus.subanswer_steps()
     differing = 0
@@ -727,6 +749,7 @@ def build_pairs(rollouts: Iterable[Rollout], config: MDPOConfig | None = None) -
     margins["all"] = mean([gap for _, gap in gaps])
     stats = {
         "pair_rule": config.pair_rule,
+        "pair_correctness": pair_correctness(pairs),
         "questions": len(by_question),
         "trajectories": sum(len(r) for r in by_question.values()),
         "failed_runs": degenerate["failed_runs"],
@@ -738,6 +761,44 @@ def build_pairs(rollouts: Iterable[Rollout], config: MDPOConfig | None = None) -
         "degenerate": dict(sorted((k, v) for k, v in degenerate.items() if v)),
     }
     return pairs, stats
+
+
+def pair_correctness(pairs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
+    """Per pair set (and ``all``): is the chosen side actually the more correct one? By the exact match of the final
+    answer of the runs each side comes from (a decomposition's: the mean over its solver runs), whatever the
+    training reward: ``chosen_correct`` / ``rejected_correct`` the mean EM of each side, ``chosen_better`` /
+    ``equal`` / ``rejected_better`` the shares of pairs where the chosen side's EM is above, equal to, below the
+    rejected side's (``rejected_better`` > 0: pairs that teach away from the right answer)."""
+    out: dict[str, dict[str, float | int]] = {}
+    for kind in (*PAIR_SETS, "all"):
+        chosen = [p for p in pairs if "chosen_em" in p and (kind == "all" or p["set"] == kind)]
+        if not chosen:
+            continue
+        n = len(chosen)
+        out[kind] = {
+            "pairs": n,
+            "chosen_correct": round(sum(p["chosen_em"] for p in chosen) / n, 4),
+            "rejected_correct": round(sum(p["rejected_em"] for p in chosen) / n, 4),
+            "chosen_better": round(sum(p["chosen_em"] > p["rejected_em"] for p in chosen) / n, 4),
+            "equal": round(sum(p["chosen_em"] == p["rejected_em"] for p in chosen) / n, 4),
+            "rejected_better": round(sum(p["chosen_em"] < p["rejected_em"] for p in chosen) / n, 4),
+        }
+    return out
+
+
+def split_heldout(
+    pairs: list[dict[str, Any]], share: float, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(train, heldout)``: the pairs of a seeded ``share`` of the questions held out whole (pairs of one question
+    share prompts and runs, so splitting by pair would leak). At least one question stays in training."""
+    if share <= 0 or not pairs:
+        return pairs, []
+    questions = sorted({str(p["question_id"]) for p in pairs})
+    rng = random.Random(seed)
+    rng.shuffle(questions)
+    count = min(len(questions) - 1, max(1, round(share * len(questions))))
+    held = set(questions[:count])
+    return [p for p in pairs if str(p["question_id"]) not in held], [p for p in pairs if str(p["question_id"]) in held]
 
 
 def write_pairs(path: str | Path, pairs: Iterable[dict[str, Any]]) -> Path:
@@ -767,9 +828,11 @@ def build_dpo_trainer(
     pairs: list[dict[str, Any]],
     output_dir: str | Path,
     reference: str | Path | None = None,
+    heldout: list[dict[str, Any]] | None = None,
 ) -> Any:
     """A TRL ``DPOTrainer`` that trains ``policy`` on ``pairs`` against the frozen ``reference`` (default: a second,
-    frozen copy of ``policy``, i.e. θ(t) in the mDPO loss, Eq. 4.5).
+    frozen copy of ``policy``, i.e. θ(t) in the mDPO loss, Eq. 4.5). ``heldout`` pairs, when given, are the
+    evaluation set, evaluated every ``heldout_eval_steps`` steps.
 
     Loss per pair: ``-log σ(β [(log π(y+|x) - log π_ref(y+|x)) - (log π(y-|x) - log π_ref(y-|x))])`` with log-probs
     summed over the completion tokens only (TRL ``loss_type="sigmoid"``). With ``nll_weight`` γ > 0, TRL's
@@ -801,6 +864,12 @@ def build_dpo_trainer(
         ref_model.requires_grad_(False)
         ref_model.eval()
     rows = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]} for p in pairs]
+    held = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]} for p in heldout or []]
+    evaluation: dict[str, Any] = (
+        {"eval_strategy": "steps", "eval_steps": config.heldout_eval_steps, "per_device_eval_batch_size": 1}
+        if held
+        else {}
+    )
     per_device = max(1, config.per_device_batch_size)
     accumulation = max(1, min(config.batch_size, max(len(rows), 1)) // per_device)
     losses, weights = ["sigmoid"], [1.0]
@@ -828,6 +897,7 @@ def build_dpo_trainer(
             report_to=report_to,
             dataloader_num_workers=0,
             disable_tqdm=not config.progress,
+            **evaluation,
         )
     )
     if not config.progress:
@@ -843,6 +913,7 @@ def build_dpo_trainer(
         ref_model=ref_model,
         args=args,
         train_dataset=Dataset.from_list(rows),
+        eval_dataset=Dataset.from_list(held) if held else None,
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=reporting,
@@ -852,6 +923,32 @@ def build_dpo_trainer(
 
         trainer.remove_callback(PrinterCallback)  # it prints every log line when tqdm is off
     return trainer
+
+
+def heldout_curve(history: list[dict[str, Any]], heldout: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The held-out pairs' implicit-reward trajectory from TRL's eval logs: per evaluation the step, the loss, the
+    accuracy (share of pairs whose implicit reward ranks chosen above rejected), the margin and the chosen /
+    rejected log-probs (summed over completion tokens; both falling is the over-optimisation sign), and the
+    correctness of the held-out pairs (:func:`pair_correctness`). None without held-out pairs."""
+    if not heldout:
+        return None
+    keys = {
+        "loss": "eval_loss",
+        "accuracy": "eval_rewards/accuracies",
+        "margin": "eval_rewards/margins",
+        "chosen_reward": "eval_rewards/chosen",
+        "rejected_reward": "eval_rewards/rejected",
+        "logps_chosen": "eval_logps/chosen",
+        "logps_rejected": "eval_logps/rejected",
+    }
+    by_step = {h.get("step"): h for h in history if "eval_rewards/accuracies" in h}  # the last of a step wins
+    curve = [{"step": step, **{name: h[key] for name, key in keys.items() if key in h}} for step, h in by_step.items()]
+    return {
+        "pairs": len(heldout),
+        "questions": len({str(p["question_id"]) for p in heldout}),
+        "correctness": pair_correctness(heldout),
+        "curve": curve,
+    }
 
 
 def _mean_logged(history: list[dict[str, Any]], key: str) -> float | None:
@@ -887,9 +984,12 @@ def train_dpo(config: MDPOConfig, policy: str | Path, pairs: list[dict[str, Any]
         AutoTokenizer.from_pretrained(str(policy)).save_pretrained(partial)
         metrics: dict[str, Any] = {"trained": False, "reason": "no preference pairs", "pairs": 0}
     else:
-        trainer = build_dpo_trainer(config, policy, pairs, trainer_dir)
+        train_pairs, heldout = split_heldout(pairs, config.heldout_pairs, config.seed)
+        trainer = build_dpo_trainer(config, policy, train_pairs, trainer_dir, heldout=heldout)
         checkpoint = get_last_checkpoint(str(trainer_dir)) if trainer_dir.is_dir() else None
         trainer.train(resume_from_checkpoint=checkpoint)
+        if heldout:
+            trainer.evaluate()  # the end point of the held-out curve (logged into log_history)
         model = trainer.model
         if config.lora:  # the next iteration's reference is the merged θ(t+1) (digest §10 item 16)
             model = model.merge_and_unload()
@@ -898,7 +998,8 @@ def train_dpo(config: MDPOConfig, policy: str | Path, pairs: list[dict[str, Any]
         history = [h for h in trainer.state.log_history if "rewards/accuracies" in h]
         metrics = {
             "trained": True,
-            "pairs": len(pairs),
+            "pairs": len(train_pairs),
+            "heldout": heldout_curve(trainer.state.log_history, heldout),
             "steps": trainer.state.global_step,
             "learning_rate": trainer.args.learning_rate,
             "resumed_from": checkpoint,
