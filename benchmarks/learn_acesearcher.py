@@ -274,6 +274,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         fresh_questions=s.get("fresh_questions", False),
         later_learning_rate=s.get("later_dpo_lr"),
         beta=s.get("dpo_beta", MDPOConfig.beta),
+        heldout_pairs=s.get("heldout_pairs", 0.0),
         rollouts_from=tuple(s.get("rollouts_from", ())),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
@@ -349,6 +350,45 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
             "log-ratio (TRL's `rewards/chosen`, over the logged steps after the first) says whether the preferred "
             "completions gained or lost likelihood; a copied iteration keeps the minutes of the run that trained it.",
         ]
+        diagnosed = [
+            it
+            for it in iterations
+            if it.get("pair_correctness")
+            or it.get("heldout")
+            or (it.get("dev_outputs") or {}).get("completion_tokens_mean") is not None
+        ]
+        if diagnosed:
+            lines += [
+                "",
+                "### Diagnosis (issue 36 item 4)",
+                "",
+                "| iteration | pairs: chosen EM / rejected EM | chosen better / equal / rejected better "
+                "| held-out pairs | held-out accuracy first -> last | held-out logps chosen / rejected first -> last "
+                "| dev tokens per run | dev answer chars | dev fallback rate |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for it in diagnosed:
+                c = (it.get("pair_correctness") or {}).get("all") or {}
+                h = it.get("heldout") or {}
+                curve = h.get("curve") or []
+                d = it.get("dev_outputs") or {}
+                first, last = (curve[0], curve[-1]) if curve else ({}, {})
+                lines.append(
+                    f"| {it['iteration']} | {pct(c.get('chosen_correct'))} / {pct(c.get('rejected_correct'))} | "
+                    f"{pct(c.get('chosen_better'))} / {pct(c.get('equal'))} / {pct(c.get('rejected_better'))} | "
+                    f"{h.get('pairs', '–')} | {_num(first.get('accuracy'))} -> {_num(last.get('accuracy'))} | "
+                    f"{_num(first.get('logps_chosen'))} / {_num(first.get('logps_rejected'))} -> "
+                    f"{_num(last.get('logps_chosen'))} / {_num(last.get('logps_rejected'))} | "
+                    f"{_num(d.get('completion_tokens_mean'))} | {_num(d.get('answer_chars_mean'))} | "
+                    f"{pct(d.get('format_fallback_rate'))} |"
+                )
+            lines += [
+                "",
+                "Pairs judged by the exact match of each side's final answers, whatever the reward (rejected better: "
+                "pairs that teach away from the answer; equal: pairs that teach the format). Held-out pairs: whole "
+                "questions kept out of DPO (`--heldout-pairs`), their implicit-reward accuracy and summed log-probs "
+                "at the first and the last evaluation. Dev outputs: the iteration's model on the dev questions.",
+            ]
         copied = results["mdpo"].get("iterations_reused_from") or {}
         for t, source in sorted(copied.items()):
             lines += [
@@ -436,6 +476,13 @@ def main() -> None:
         type=float,
         default=None,
         help="DPO learning rate of iterations 2..T (a deviation: the paper trains every iteration at one rate)",
+    )
+    parser.add_argument(
+        "--heldout-pairs",
+        type=float,
+        default=0.0,
+        help="diagnosis: hold out the pairs of this share of each iteration's questions and trace the implicit reward "
+        "on them (MDPOConfig.heldout_pairs)",
     )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
@@ -536,6 +583,8 @@ def main() -> None:
         s["later_dpo_lr"] = mdpo_key["later_dpo_lr"] = args.later_dpo_lr
     if args.dpo_beta is not None:  # likewise
         s["dpo_beta"] = mdpo_key["dpo_beta"] = args.dpo_beta
+    if args.heldout_pairs:  # likewise
+        s["heldout_pairs"] = mdpo_key["heldout_pairs"] = args.heldout_pairs
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     # iteration 1 samples from the SFT model whatever the DPO settings, and iteration t from a model a sibling may
@@ -563,9 +612,16 @@ def main() -> None:
             it["degenerate"] = stats.get("degenerate")
             it["rollouts_reused_from"] = stats.get("rollouts_reused_from")
             it["dpo"] = stats.get("dpo") or {}
+            it["pair_correctness"] = stats.get("pair_correctness")  # is the chosen side the correct one?
+            it["dev_outputs"] = {  # what over-optimisation shows first
+                k: (stats.get("dev") or {}).get(k)
+                for k in ("completion_tokens_mean", "answer_chars_mean", "format_fallback_rate", "fallbacks")
+            }
             metrics = stats_file.with_name("train_metrics.json")  # the DPO trainer's log (stats.json leaves it out)
             if metrics.exists():
-                it["chosen"] = chosen_likelihood(json.loads(metrics.read_text()).get("log_history") or [])
+                trained = json.loads(metrics.read_text())
+                it["chosen"] = chosen_likelihood(trained.get("log_history") or [])
+                it["heldout"] = trained.get("heldout")
             it["seconds"] = stats.get("seconds") or {}
         source = (summary.get("iterations_reused_from") or {}).get(str(it["iteration"]))
         model = mdpo_dir / f"iter{it['iteration']}" / "model"
