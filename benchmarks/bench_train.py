@@ -137,6 +137,30 @@ def dpo_step(
     optimizer.step()
 
 
+def ppo_rows(seqs: Sequence[list[int]]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """PPO episodes of the token sequences ``seqs`` (the first third of each a masked prompt) and the per-token
+    statistics ``online_rl._update`` reads (old / reference log-probs, advantages, values, returns: random)."""
+    from sleuth.train.online_rl import Episode
+
+    episodes, stats = [], []
+    for ids in seqs:
+        mask = [0] * (len(ids) // 3) + [1] * (len(ids) - len(ids) // 3)
+        episodes.append(Episode(group="g", messages=None, reward=0.0, components={}, input_ids=list(ids), mask=mask))
+        m = torch.tensor(mask[1:], dtype=torch.float32)
+        n = len(ids) - 1
+        stats.append(
+            {
+                "old": torch.full((n,), -5.0),
+                "ref": torch.full((n,), -5.0),
+                "mask": m,
+                "adv": torch.randn(n) * m,
+                "values": torch.randn(n),
+                "returns": torch.randn(n),
+            }
+        )
+    return episodes, stats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M")
@@ -241,25 +265,9 @@ def main() -> None:
         gc.collect()
     if "ppo" in parts:
         from sleuth.train import online_rl
-        from sleuth.train.online_rl import Episode, RLConfig
+        from sleuth.train.online_rl import RLConfig
 
-        episodes, stats = [], []
-        for s in seqs:
-            prompt = len(s) // 3
-            mask = [0] * prompt + [1] * (len(s) - prompt)
-            episodes.append(Episode(group="g", messages=None, reward=0.0, components={}, input_ids=s, mask=mask))
-            m = torch.tensor(mask[1:], dtype=torch.float32)
-            n = len(s) - 1
-            stats.append(
-                {
-                    "old": torch.full((n,), -5.0),
-                    "ref": torch.full((n,), -5.0),
-                    "mask": m,
-                    "adv": torch.randn(n) * m,
-                    "values": torch.randn(n),
-                    "returns": torch.randn(n),
-                }
-            )
+        episodes, stats = ppo_rows(seqs)
         for name, tokens in (("fixed", 0), ("budget", None)):
             config = RLConfig(
                 model=args.model,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import random
 import resource
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +19,10 @@ import torch
 
 from sleuth.assets import default_model_dir
 from sleuth.train import online_rl
-from sleuth.train.online_rl import Episode, RLConfig
+from sleuth.train.online_rl import RLConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train import ppo_rows  # noqa: E402
 
 
 def main() -> None:
@@ -46,23 +50,8 @@ def main() -> None:
     models.train()
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     rng = random.Random(0)
-    episodes, stats = [], []
-    n = args.length - 1
-    for _ in range(args.rows):
-        ids = [rng.randrange(100, models.tokenizer.vocab_size) for _ in range(args.length)]
-        mask = [0] * (args.length // 3) + [1] * (args.length - args.length // 3)
-        episodes.append(Episode(group="g", messages=None, reward=0.0, components={}, input_ids=ids, mask=mask))
-        m = torch.tensor(mask[1:], dtype=torch.float32)
-        stats.append(
-            {
-                "old": torch.full((n,), -5.0),
-                "ref": torch.full((n,), -5.0),
-                "mask": m,
-                "adv": torch.randn(n) * m,
-                "values": torch.randn(n),
-                "returns": torch.randn(n),
-            }
-        )
+    seqs = [[rng.randrange(100, models.tokenizer.vocab_size) for _ in range(args.length)] for _ in range(args.rows)]
+    episodes, stats = ppo_rows(seqs)
     started = time.perf_counter()
     online_rl._update(models, episodes, stats, config, online_rl.DataParallel())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6

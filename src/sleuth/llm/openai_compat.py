@@ -536,8 +536,8 @@ def _sampled_tokens(choice: dict[str, Any]) -> tuple[list[int] | None, list[floa
     """A choice's sampled ids (vLLM's ``token_ids``) and their log-probs (``logprobs.token_logprobs``, one per id),
     each None when absent or malformed."""
     ids = choice.get("token_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        return None, None
+    if not isinstance(ids, list) or not ids or not all(type(i) is int and i >= 0 for i in ids):
+        return None, None  # absent or malformed: no ids, the trainer re-tokenizes the text (counted)
     entry = choice.get("logprobs")
     values = entry.get("token_logprobs") if isinstance(entry, dict) else None
     if not isinstance(values, list) or len(values) != len(ids):
