@@ -275,6 +275,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         later_learning_rate=s.get("later_dpo_lr"),
         beta=s.get("dpo_beta", MDPOConfig.beta),
         heldout_pairs=s.get("heldout_pairs", 0.0),
+        rejected=s.get("rejected", "sampled"),
         rollouts_from=tuple(s.get("rollouts_from", ())),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
@@ -484,6 +485,13 @@ def main() -> None:
         help="diagnosis: hold out the pairs of this share of each iteration's questions and trace the implicit reward "
         "on them (MDPOConfig.heldout_pairs)",
     )
+    parser.add_argument(
+        "--rejected",
+        choices=("sampled", "greedy"),
+        default="sampled",
+        help="rejected side of each pair: the worst sampled run's (the paper) or the policy's greedy output on the "
+        "pair's prompt (a deviation: MDPOConfig.rejected)",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
     parser.add_argument(
@@ -585,6 +593,8 @@ def main() -> None:
         s["dpo_beta"] = mdpo_key["dpo_beta"] = args.dpo_beta
     if args.heldout_pairs:  # likewise
         s["heldout_pairs"] = mdpo_key["heldout_pairs"] = args.heldout_pairs
+    if args.rejected != "sampled":  # likewise
+        s["rejected"] = mdpo_key["rejected"] = args.rejected
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     # iteration 1 samples from the SFT model whatever the DPO settings, and iteration t from a model a sibling may

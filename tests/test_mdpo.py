@@ -162,6 +162,70 @@ def test_pairs_best_vs_worst_decomposition_subanswers_and_final() -> None:
     assert canonical[0]["rejected"][0]["content"] == "### Q1: Who is Ann?"
 
 
+def _greedy_replies(decompose: str, subq: str, final: str) -> Callable[[str], str]:
+    """A policy whose greedy output depends only on which call a prompt is (the prompts say it)."""
+
+    def respond(prompt: str) -> str:
+        if "Please break down the question" in prompt:
+            return decompose
+        return final if "Wrap your answer" in prompt else subq
+
+    return respond
+
+
+def test_on_policy_pairs_take_the_greedy_output_as_rejected_or_drop_the_pair(tmp_path: Path) -> None:
+    rollouts = (
+        runs("q1", 0, D_GOOD, [GOOD, BAD, GOOD, HALF])
+        + runs("q1", 1, D_ALT, [GOOD, GOOD, GOOD, GOOD])
+        + runs("q1", 2, D_BAD, [(["Ann is a person"], WRONG)] * 4)
+    )
+    pairs, _ = build_pairs(rollouts, MDPOConfig())
+    examples = mdpo._examples(rollouts)
+    agent = AceSearcherConfig(k=1)
+    # a policy that already decodes the chosen side everywhere: every pair goes (DPO would push down text it never
+    # produces); the greedy output is compared by answer, so other wording of the same answer counts as chosen
+    agrees = ScriptedLLM(_greedy_replies(D_ALT, " france ", "It is France. <answer>France</answer>"))
+    greedy = mdpo.greedy_outputs(pairs, agrees, agent, tmp_path / "agrees.jsonl")
+    assert len(greedy) == 3 and all(s.temperature == 0.0 for s in agrees.samplings)
+    assert sorted(s.max_new_tokens for s in agrees.samplings) == [512, 512, 512]
+    kept, counts = mdpo.on_policy_pairs(pairs, greedy, agent, examples)
+    assert kept == []
+    assert counts == {"decompose_greedy_is_chosen": 1, "final_greedy_is_chosen": 1, "subq_greedy_is_chosen": 1}
+
+    # a policy that decodes wrong answers: they become the rejected sides; the decompose pair keeps its sampled one
+    wrong_final = "Paris is in Italy. <answer>Italy</answer>"
+    errs = ScriptedLLM(_greedy_replies(D_GOOD, "Italy", wrong_final))
+    greedy = mdpo.greedy_outputs(pairs, errs, agent, tmp_path / "errs.jsonl")
+    kept, counts = mdpo.on_policy_pairs(pairs, greedy, agent, examples)
+    assert counts == {"decompose_kept_sampled": 1, "final_greedy_rejected": 1, "subq_greedy_rejected": 1}
+    by_set = {p["set"]: p for p in kept}
+    assert by_set["decompose"] == next(p for p in pairs if p["set"] == "decompose")
+    assert by_set["subq"]["rejected"] == [{"role": "assistant", "content": "Italy"}]
+    assert by_set["subq"]["rejected_source"] == "greedy" and by_set["subq"]["rejected_em"] is None
+    assert by_set["final"]["rejected"][0]["content"] == wrong_final and by_set["final"]["rejected_em"] == 0.0
+    assert by_set["final"]["chosen"] == next(p for p in pairs if p["set"] == "final")["chosen"]
+    # pair_correctness leaves out the subq pair, whose greedy side has no EM of its own
+    assert mdpo.pair_correctness(kept)["all"]["pairs"] == 2
+
+    # the file is the cache: a rerun generates nothing; a torn last line (a killed run) is generated again
+    again = ScriptedLLM([])
+    assert mdpo.greedy_outputs(pairs, again, agent, tmp_path / "errs.jsonl") == greedy and again.requests == []
+    path = tmp_path / "errs.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])
+    redo = ScriptedLLM(_greedy_replies(D_GOOD, "Italy", wrong_final))
+    assert mdpo.greedy_outputs(pairs, redo, agent, path) == greedy and len(redo.requests) == 1
+    assert mdpo.load_greedy(path) == greedy  # the rows written after the torn one are readable
+    # a prompt without a greedy output keeps its sampled pair, counted
+    kept, counts = mdpo.on_policy_pairs(pairs, {}, agent, examples)
+    assert kept == pairs and counts == {"decompose_no_greedy": 1, "final_no_greedy": 1, "subq_no_greedy": 1}
+
+
+def test_rejected_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="rejected="):
+        MDPOConfig(rejected="worst").validate()  # type: ignore[arg-type]
+
+
 def test_pair_correctness_finds_pairs_whose_rejected_side_was_right_too() -> None:
     """Under the paper's reward (EM x format) an untagged but correct final answer scores 0: the pair it loses is
     counted as ``equal`` by EM, a pair that teaches the format, not the answer."""
@@ -710,6 +774,36 @@ def test_another_dpo_setting_reuses_the_first_runs_rollouts(tmp_path: Path, tiny
     third = _run_config(tmp_path, tiny_model_dir, iterations=1, eval_initial=False, solutions=2)
     stats = _samples_its_own(third, tmp_path / "run-m2", first, retriever)
     assert stats["rollouts"] == 4 * 2 * 2
+
+
+def test_greedy_rejected_run_trains_on_the_policy_s_own_outputs(tmp_path: Path, tiny_model_dir: Path) -> None:
+    retriever = ListRetriever(passages("Ann was born in Paris."))
+    first = _run_config(tmp_path, tiny_model_dir, iterations=1, eval_initial=False)
+    train_mdpo(first, llm_factory=Factory(), retriever=retriever)
+    sampled = load_pairs(tmp_path / "run" / "iter1" / "pairs.jsonl")
+    assert sampled
+
+    # the same samples, rejected = the SFT policy's greedy output: the policy is opened for it although nothing is
+    # sampled, and once more on a rerun only if its outputs are missing
+    second = _run_config(
+        tmp_path, tiny_model_dir, iterations=1, eval_initial=False, rejected="greedy", rollouts_from=first.output_dir
+    )
+    second.output_dir = str(tmp_path / "run-greedy")
+    factory = Factory()
+    train_mdpo(second, llm_factory=factory, retriever=retriever)
+    it = tmp_path / "run-greedy" / "iter1"
+    assert factory.paths == [tiny_model_dir, it / "model"]
+    greedy = mdpo.load_greedy(it / "greedy.jsonl")
+    assert set(greedy) == {mdpo.prompt_key(p) for p in sampled}
+    stats = json.loads((it / "stats.json").read_text())
+    assert stats["pairs_sampled"]["total"] == len(sampled)
+    assert sum(stats["on_policy"].values()) == len(sampled)
+    trained = load_pairs(it / "pairs.jsonl")
+    assert stats["pairs"]["total"] == len(trained)
+    swapped = [p for p in trained if p.get("rejected_source") == "greedy"]
+    assert len(swapped) == sum(v for k, v in stats["on_policy"].items() if k.endswith("_greedy_rejected"))
+    for pair in swapped:
+        assert pair["rejected"][0]["content"] == greedy[mdpo.prompt_key(pair)]
 
 
 def test_a_later_iteration_reuses_rollouts_of_the_same_weights_elsewhere(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -28,6 +28,8 @@ docs/training.md ("mDPO") lists where sleuth follows it and where it deviates. O
    ``pair_rule="reference"``: the released ``create_dpo_pairs.py`` gates on its 0-3 score (:func:`reference_gate`),
    and a final pair also needs T+ and T- to agree on at least 0.666 of the sub-answers. Every group that gives no
    pair is counted by reason in the iteration's stats (``degenerate``) instead of failing.
+   ``rejected="greedy"`` (a deviation, off by default): each pair's rejected side is θ(t)'s greedy output on the
+   pair's prompt instead (:func:`on_policy_pairs`); pairs where that output already gives the chosen answer go.
 4. **DPO** (§4.5) with TRL's ``DPOTrainer``: sigmoid loss, β = 0.1, initialised from θ(t) with the frozen reference
    θ(t) (the previous iteration's model; iteration 1: the SFT model), optionally plus the released configs' chosen-NLL
    term (``nll_weight``, LLaMA-Factory ``pref_ftx``) and LoRA (merged after training). Checkpoints resume.
@@ -46,6 +48,7 @@ Output layout (an iteration whose ``model`` directory exists is skipped on a rer
     OUT/index/                   BM25 index of the corpus (when no index was given)
     OUT/iter{t}/rollouts/        rollout store (store.json + rollouts.jsonl)
     OUT/iter{t}/pairs.jsonl      preference pairs (format: docs/training.md "mDPO")
+    OUT/iter{t}/greedy.jsonl     θ(t)'s greedy output on each pair prompt (rejected="greedy" only)
     OUT/iter{t}/trainer/         DPO checkpoints (removed once the model is saved, unless keep_checkpoints)
     OUT/iter{t}/model/           θ(t+1), a plain transformers directory
     OUT/iter{t}/stats.json       pairs per set, rewards, margins, DPO accuracy, dev EM
@@ -56,8 +59,10 @@ Output layout (an iteration whose ``model`` directory exists is skipped on a rer
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
+import hashlib
 import json
 import os
 import random
@@ -70,9 +75,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sleuth.agents import Context
-from sleuth.agents.acesearcher import GIVEN_DECOMPOSITION, AceSearcherConfig
-from sleuth.eval.metrics import accuracy, claim_accuracy, exact_match, f1_score, normalize_answer, score_example
+from sleuth.agents.acesearcher import (
+    GIVEN_DECOMPOSITION,
+    AceSearcherConfig,
+    clean_subanswer,
+    extract_answer,
+    is_fact,
+    parse_decomposition,
+)
+from sleuth.claims import claim_label
+from sleuth.eval.metrics import (
+    accuracy,
+    claim_accuracy,
+    exact_match,
+    f1_score,
+    normalize_answer,
+    score_example,
+)
 from sleuth.llm import LLM
+from sleuth.llm.base import Request, Sampling
 from sleuth.records import Example, Step, Trace
 from sleuth.retrieval import Retriever
 from sleuth.train import common
@@ -90,8 +111,10 @@ __all__ = [
     "build_dpo_trainer",
     "build_pairs",
     "format_checks",
+    "greedy_outputs",
     "load_pairs",
     "main",
+    "on_policy_pairs",
     "pending_rollouts",
     "reference_gate",
     "sample_rollouts",
@@ -148,6 +171,13 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
     # over the losing run's sub-questions) or "normalised" (sleuth's answer normaliser over both runs' sub-questions)
     agreement: Literal["reference", "normalised"] = "reference"
     pair_sets: tuple[str, ...] = PAIR_SETS  # the released mix has no "subq" pairs
+    # A deviation, off by default. "sampled": T-'s outputs, as the paper. "greedy": on-policy rejected sides: the
+    # policy's greedy output on each pair's prompt; a subq/final pair takes it as the rejected side when its answer
+    # differs from the chosen one, and a pair of any set is dropped when the greedy output already gives the chosen
+    # answer (decompose pairs keep the sampled rejected side: a decomposition has no reward of its own). Why: the
+    # issue-36 diagnosis found the SFT model's greedy output already equal to the chosen side in 71% of the pairs,
+    # so DPO pushed down sampled completions (~22 nats less likely) that greedy decoding never produces.
+    rejected: Literal["sampled", "greedy"] = "sampled"
     # "every": D_subq / D_final from every sampled decomposition (as the code does); "best": only from the
     # decomposition with the highest mean reward (one set of pairs per question, as the paper's notation suggests).
     pairs_from: Literal["every", "best"] = "every"
@@ -194,6 +224,8 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
             raise ValueError("pair_rule='reference' gates on the released code's 0-3 score: set reward='code'")
         if self.pair_rule == "reference" and self.min_margin:
             raise ValueError("min_margin belongs to pair_rule='paper'; the reference rule has its own gates")
+        if self.rejected not in ("sampled", "greedy"):
+            raise ValueError(f"rejected={self.rejected!r}; expected 'sampled' or 'greedy'")
         if self.pairs_from not in ("every", "best"):
             raise ValueError(f"pairs_from={self.pairs_from!r}; expected 'every' or 'best'")
         if self.decomposition_completion not in ("raw", "canonical"):
@@ -771,7 +803,13 @@ def pair_correctness(pairs: Sequence[dict[str, Any]]) -> dict[str, dict[str, flo
     rejected side's (``rejected_better`` > 0: pairs that teach away from the right answer)."""
     out: dict[str, dict[str, float | int]] = {}
     for kind in (*PAIR_SETS, "all"):
-        chosen = [p for p in pairs if "chosen_em" in p and (kind == "all" or p["set"] == kind)]
+        chosen = [
+            p
+            for p in pairs
+            if p.get("chosen_em") is not None
+            and p.get("rejected_em") is not None
+            and (kind == "all" or p["set"] == kind)
+        ]
         if not chosen:
             continue
         n = len(chosen)
@@ -784,6 +822,126 @@ def pair_correctness(pairs: Sequence[dict[str, Any]]) -> dict[str, dict[str, flo
             "rejected_better": round(sum(p["chosen_em"] < p["rejected_em"] for p in chosen) / n, 4),
         }
     return out
+
+
+def prompt_key(pair: Mapping[str, Any]) -> str:
+    """A pair's prompt as a short stable key (the greedy-output cache of ``rejected="greedy"``)."""
+    text = json.dumps([pair["set"], pair["prompt"]], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+
+
+def greedy_sampling(kind: str, agent: AceSearcherConfig) -> Sampling:
+    """The agent's own greedy decoding of one pair set's call (so the output is what evaluation would produce)."""
+    budget = {
+        "decompose": agent.decompose_max_new_tokens,
+        "subq": agent.subanswer_max_new_tokens,
+        "final": agent.final_max_new_tokens,
+    }[kind]
+    sampling = dataclasses.replace(agent.sampling, temperature=0.0, n=1)
+    return dataclasses.replace(sampling, max_new_tokens=budget) if budget else sampling
+
+
+def greedy_outputs(
+    pairs: Sequence[Mapping[str, Any]], llm: LLM, agent: AceSearcherConfig, path: str | Path, concurrency: int = 64
+) -> dict[str, str]:
+    """The policy's greedy output on every distinct pair prompt, appended to ``path`` (jsonl ``{key, set, text}``) as
+    it comes, so a rerun generates only what is missing; returns key -> text for all of them."""
+    path = Path(path)
+    done = load_greedy(path)
+    todo: dict[str, Mapping[str, Any]] = {}
+    for pair in pairs:
+        key = prompt_key(pair)
+        if key not in done:
+            todo.setdefault(key, pair)
+    if not todo:
+        return done
+    if path.exists() and not path.read_text(encoding="utf-8").endswith("\n"):  # a torn last line: rewrite without it
+        path.write_text("".join(json.dumps({"key": k, "text": v}, ensure_ascii=False) + "\n" for k, v in done.items()))
+
+    async def run() -> None:
+        items = list(todo.items())
+        with open(path, "a", encoding="utf-8") as f:
+            for start in range(0, len(items), concurrency):
+                chunk = items[start : start + concurrency]
+
+                async def one(pair: Mapping[str, Any]) -> str:
+                    request = Request(messages=[dict(m) for m in pair["prompt"]])
+                    return (await llm.generate([request], greedy_sampling(pair["set"], agent)))[0].text
+
+                texts = await asyncio.gather(*(one(pair) for _, pair in chunk))
+                for (key, pair), text in zip(chunk, texts, strict=True):
+                    done[key] = text
+                    f.write(json.dumps({"key": key, "set": pair["set"], "text": text}, ensure_ascii=False) + "\n")
+                f.flush()
+
+    asyncio.run(run())
+    return done
+
+
+def load_greedy(path: str | Path) -> dict[str, str]:
+    """key -> greedy text from a :func:`greedy_outputs` file (a torn last line, from a killed run, is skipped)."""
+    path = Path(path)
+    out: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out[row["key"]] = row["text"]
+    return out
+
+
+def _answer_of(kind: str, text: str, agent: AceSearcherConfig, fact: bool) -> str:
+    """What a pair compares: the parsed sub-questions, the cleaned sub-answer, or the final answer, normalised."""
+    if kind == "decompose":
+        subs, _ = parse_decomposition(text, agent.max_subquestions)
+        return json.dumps([(s.index, normalize_answer(s.text)) for s in subs])
+    if kind == "subq":
+        answer = clean_subanswer(text, fact)[0] if agent.subanswer_cleanup else text.strip()
+        return normalize_answer(answer)
+    answer = extract_answer(text)[0]
+    if fact:
+        return claim_label(answer) or normalize_answer(answer)
+    return normalize_answer(answer)
+
+
+def on_policy_pairs(
+    pairs: Sequence[dict[str, Any]],
+    greedy: Mapping[str, str],
+    agent: AceSearcherConfig,
+    examples: Mapping[str, Example],
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """``rejected="greedy"``: each pair against the policy's greedy output on its prompt (``greedy``: by
+    :func:`prompt_key`). A pair whose greedy output gives the chosen answer is dropped (``{set}_greedy_is_chosen``):
+    the policy already prefers it where it decodes. Otherwise a subq/final pair's rejected side becomes the greedy
+    output (``rejected_source: "greedy"``; a final one with its EM against the gold answers, a subq one with no EM:
+    a sub-question has no gold) and a decompose pair keeps its sampled rejected side. A prompt without a greedy
+    output keeps its pair as sampled (``{set}_no_greedy``). Returns the pairs and these counts."""
+    counts: Counter[str] = Counter()
+    out: list[dict[str, Any]] = []
+    for pair in pairs:
+        kind = pair["set"]
+        text = greedy.get(prompt_key(pair))
+        if text is None:
+            counts[f"{kind}_no_greedy"] += 1
+            out.append(pair)
+            continue
+        example = examples.get(str(pair["question_id"]))
+        fact = example is not None and is_fact(example, agent)
+        if _answer_of(kind, text, agent, fact) == _answer_of(kind, pair["chosen"][0]["content"], agent, fact):
+            counts[f"{kind}_greedy_is_chosen"] += 1
+            continue
+        if kind == "decompose":
+            counts["decompose_kept_sampled"] += 1
+            out.append(pair)
+            continue
+        counts[f"{kind}_greedy_rejected"] += 1
+        rejected_em = None
+        if kind == "final" and example is not None:
+            rejected_em = float(score_example(example, extract_answer(text)[0]).get("em") or 0.0)
+        out.append({**pair, "rejected": _assistant(text), "rejected_source": "greedy", "rejected_em": rejected_em})
+    return out, dict(sorted(counts.items()))
 
 
 def split_heldout(
@@ -1027,6 +1185,11 @@ def train_dpo(config: MDPOConfig, policy: str | Path, pairs: list[dict[str, Any]
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _examples(store: RolloutStore) -> dict[str, Example]:
+    """question id -> its Example, from the stored runs (gold answers for the on-policy pairs' EM)."""
+    return {question: runs[0].trace.example for question, runs in trajectories(store).items() if runs}
+
+
 def _log(config: MDPOConfig, message: str) -> None:
     log(config.progress, message, "mdpo")
 
@@ -1151,10 +1314,28 @@ def _iterate(
                 initial = evaluate_dev(dev, llm, retriever, config.agent, traces_file, config.concurrency)
                 common.write_json(it / "dev_initial.json", initial)
                 seconds["eval_initial"] = time.perf_counter() - started
+            if config.rejected == "greedy":  # on the engine that is up: the policy's greedy output on the pairs
+                started = time.perf_counter()
+                greedy_outputs(
+                    build_pairs(store, config)[0], llm, config.agent, it / "greedy.jsonl", config.concurrency
+                )
+                seconds["greedy"] = time.perf_counter() - started
             engines.release(policy, llm, False)  # before DPO: the trainer gets the memory and the cores
             del llm
         started = time.perf_counter()
         pairs, pair_stats = build_pairs(store, config)
+        if config.rejected == "greedy":
+            greedy = load_greedy(it / "greedy.jsonl")
+            if not model_dir.exists() and any(prompt_key(p) not in greedy for p in pairs):
+                llm = engines.open(policy)
+                greedy = greedy_outputs(pairs, llm, config.agent, it / "greedy.jsonl", config.concurrency)
+                engines.release(policy, llm, False)
+                del llm
+            sampled = pair_stats["pairs"]
+            pairs, pair_stats["on_policy"] = on_policy_pairs(pairs, greedy, config.agent, _examples(store))
+            pair_stats["pairs_sampled"] = sampled
+            pair_stats["pairs"] = {**{k: sum(p["set"] == k for p in pairs) for k in PAIR_SETS}, "total": len(pairs)}
+            pair_stats["pair_correctness"] = pair_correctness(pairs)
         write_pairs(it / "pairs.jsonl", pairs)
         seconds["pairs"] = time.perf_counter() - started
         counts = ", ".join(f"{k} {v}" for k, v in pair_stats["pairs"].items())
