@@ -73,6 +73,7 @@ CLAIMS = [
     {"name": "SFT > base", "metric": "em", "before": "base", "after": "sft"},
     {"name": "mDPO-2 > SFT", "metric": "em", "before": "sft", "after": "mdpo-2"},
 ]
+DEV_OUTPUTS = ("completion_tokens_mean", "answer_chars_mean", "format_fallback_rate", "fallbacks")
 # --full, for a GPU: 10x the SFT and RFT data, the paper's k = 10 and N = 15
 FULL = {
     "sft_decompose_questions": 2000,
@@ -98,6 +99,8 @@ def evaluate(server: ModelServer, examples: list[Any], index: str, agent: Any) -
         "per_example": {"em": result["per_example_em"], "f1": result["per_example_f1"]},
         "errors": result["errors"],
         "engine": server.engine,
+        # what over-optimisation shows first (the diagnosis table's dev columns)
+        "outputs": {k: result.get(k) for k in DEV_OUTPUTS},
     }
 
 
@@ -357,6 +360,7 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
             if it.get("pair_correctness")
             or it.get("heldout")
             or (it.get("dev_outputs") or {}).get("completion_tokens_mean") is not None
+            or it.get("on_policy")
         ]
         if diagnosed:
             lines += [
@@ -365,8 +369,9 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
                 "",
                 "| iteration | pairs: chosen EM / rejected EM | chosen better / equal / rejected better "
                 "| held-out pairs | held-out accuracy first -> last | held-out logps chosen / rejected first -> last "
-                "| dev tokens per run | dev answer chars | dev fallback rate |",
-                "|---|---|---|---|---|---|---|---|---|",
+                "| dev tokens per run | dev answer chars | dev fallback rate "
+                "| greedy = chosen (pairs kept / sampled) |",
+                "|---|---|---|---|---|---|---|---|---|---|",
             ]
             for it in diagnosed:
                 c = (it.get("pair_correctness") or {}).get("all") or {}
@@ -381,14 +386,16 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
                     f"{_num(first.get('logps_chosen'))} / {_num(first.get('logps_rejected'))} -> "
                     f"{_num(last.get('logps_chosen'))} / {_num(last.get('logps_rejected'))} | "
                     f"{_num(d.get('completion_tokens_mean'))} | {_num(d.get('answer_chars_mean'))} | "
-                    f"{pct(d.get('format_fallback_rate'))} |"
+                    f"{pct(d.get('format_fallback_rate'))} | {_on_policy(it)} |"
                 )
             lines += [
                 "",
                 "Pairs judged by the exact match of each side's final answers, whatever the reward (rejected better: "
                 "pairs that teach away from the answer; equal: pairs that teach the format). Held-out pairs: whole "
                 "questions kept out of DPO (`--heldout-pairs`), their implicit-reward accuracy and summed log-probs "
-                "at the first and the last evaluation. Dev outputs: the iteration's model on the dev questions.",
+                "at the first and the last evaluation. Dev outputs: the iteration's model on the dev questions. "
+                "Greedy = chosen (`--rejected greedy`): the share of the sampled pairs whose prompt the starting "
+                "policy already answers greedily as the chosen side does (those pairs are dropped).",
             ]
         copied = results["mdpo"].get("iterations_reused_from") or {}
         for t, source in sorted(copied.items()):
@@ -424,6 +431,14 @@ def chosen_likelihood(log_history: list[dict[str, Any]]) -> dict[str, Any] | Non
         "logps_first": float(steps[0].get("logps/chosen", float("nan"))),
         "logps_last": float(steps[-1].get("logps/chosen", float("nan"))),
     }
+
+
+def _on_policy(it: dict[str, Any]) -> str:
+    counts, sampled = it.get("on_policy") or {}, (it.get("pairs_sampled") or {}).get("total")
+    if not counts or not sampled:
+        return "–"
+    same = sum(v for k, v in counts.items() if k.endswith("_greedy_is_chosen"))
+    return f"{100 * same / sampled:.0f}% ({(it.get('pairs') or {}).get('total')} / {sampled})"
 
 
 def _num(value: Any) -> str:
@@ -623,10 +638,9 @@ def main() -> None:
             it["rollouts_reused_from"] = stats.get("rollouts_reused_from")
             it["dpo"] = stats.get("dpo") or {}
             it["pair_correctness"] = stats.get("pair_correctness")  # is the chosen side the correct one?
-            it["dev_outputs"] = {  # what over-optimisation shows first
-                k: (stats.get("dev") or {}).get(k)
-                for k in ("completion_tokens_mean", "answer_chars_mean", "format_fallback_rate", "fallbacks")
-            }
+            it["dev_outputs"] = {k: (stats.get("dev") or {}).get(k) for k in DEV_OUTPUTS}
+            it["pairs_sampled"] = stats.get("pairs_sampled")  # rejected="greedy": before the on-policy filter
+            it["on_policy"] = stats.get("on_policy")
             metrics = stats_file.with_name("train_metrics.json")  # the DPO trainer's log (stats.json leaves it out)
             if metrics.exists():
                 trained = json.loads(metrics.read_text())
@@ -639,6 +653,8 @@ def main() -> None:
         if same_as and model_revision(same_as) != model_revision(model):  # the source was trained again since
             same_as = None
         measure(f"mdpo-{it['iteration']}", model, same_as)
+        if all(v is None for v in (it.get("dev_outputs") or {}).values()):  # the stage had no dev set: the harness's
+            it["dev_outputs"] = evaluations["dev"][f"mdpo-{it['iteration']}"].get("outputs")
 
     names = list(evaluations["test"])
     comparisons = [("sft", "base"), *[(n, "sft") for n in names if n.startswith("mdpo")]]
