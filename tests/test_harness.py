@@ -216,6 +216,18 @@ def test_acesearcher_chosen_likelihood_skips_the_step_before_any_update() -> Non
     assert chosen_likelihood(log[:1]) is None and chosen_likelihood([]) is None
 
 
+def test_acesearcher_on_policy_column_counts_the_pairs_the_greedy_policy_already_gets() -> None:
+    from learn_acesearcher import _on_policy
+
+    it = {
+        "on_policy": {"subq_greedy_is_chosen": 49, "final_greedy_is_chosen": 42, "subq_greedy_rejected": 17},
+        "pairs_sampled": {"total": 140},
+        "pairs": {"total": 41},
+    }
+    assert _on_policy(it) == "65% (41 / 140)"
+    assert _on_policy({"pairs": {"total": 3}}) == "–"  # a run with the paper's sampled rejected sides
+
+
 def test_rollout_steps_count_mixed_groups_and_average_components(tmp_path: Path) -> None:
     from sleuth.records import Example, Trace
     from sleuth.train.rollouts import Rollout, RolloutStore
