@@ -104,6 +104,23 @@ def evaluate(server: ModelServer, examples: list[Any], index: str, agent: Any) -
     }
 
 
+def agent_config(s: dict[str, Any]) -> Any:
+    """The greedy agent every evaluation (and, with the rollout temperature, the mDPO sampling) runs."""
+    from sleuth.agents.acesearcher import AceSearcherConfig
+    from sleuth.llm import Sampling
+
+    tokens = s["tokens"]
+    return AceSearcherConfig(
+        k=s["k"],
+        total_passages=s["total_passages"],
+        max_subquestions=4,
+        sampling=Sampling(temperature=0.0, max_new_tokens=max(tokens.values())),
+        decompose_max_new_tokens=tokens["decompose"],
+        subanswer_max_new_tokens=tokens["subanswer"],
+        final_max_new_tokens=tokens["final"],
+    )
+
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.smoke:
         return {
@@ -515,9 +532,7 @@ def main() -> None:
         help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
     )
     args = parse_sized(parser, FULL)
-    from sleuth.agents.acesearcher import AceSearcherConfig
     from sleuth.data.synth import load_synth, synthesize
-    from sleuth.llm import Sampling
     from sleuth.retrieval.bm25 import build_bm25_index
     from sleuth.train.common import auto_engine
 
@@ -540,16 +555,7 @@ def main() -> None:
         if not index_dir.exists():
             build_bm25_index(world / "corpus.jsonl", index_dir)
         args.index = str(index_dir)
-    tokens = s["tokens"]
-    agent = AceSearcherConfig(
-        k=s["k"],
-        total_passages=s["total_passages"],
-        max_subquestions=4,
-        sampling=Sampling(temperature=0.0, max_new_tokens=max(tokens.values())),
-        decompose_max_new_tokens=tokens["decompose"],
-        subanswer_max_new_tokens=tokens["subanswer"],
-        final_max_new_tokens=tokens["final"],
-    )
+    agent = agent_config(s)
     splits = {
         "test": list(load_synth(world / "test.jsonl"))[: args.test_questions],
         "dev": list(load_synth(world / "dev.jsonl"))[: args.dev_questions],

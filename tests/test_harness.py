@@ -429,3 +429,33 @@ def test_test_evaluations_of_a_group_wait_for_its_recorded_dev_choice(tmp_path: 
     table = "\n".join(trials_table([*trials, choice]))
     assert "chosen" in table and table.count("| " + key_hash({"lr": 2}) + " (chosen") == 1
     assert exp.choose("rl", "rl", higher_is_better=False)["id"] == key_hash({"lr": 1})
+
+
+def test_noise_floor_perturbs_each_tensor_by_the_update_s_norm(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+    from noise_floor import WEIGHTS, perturbed, update_norms, versus
+    from safetensors.torch import load_file, save_file
+
+    base = load_file(str(tiny_model_dir / WEIGHTS))
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    moved = {name: t + 1e-3 if name.endswith("weight") else t.clone() for name, t in base.items()}
+    save_file(moved, str(trained / WEIGHTS))
+    norms = update_norms(tiny_model_dir, trained)
+    assert norms and all(v >= 0 for v in norms.values()) and any(v > 0 for v in norms.values())
+
+    first = perturbed(tiny_model_dir, norms, 0, tmp_path / "seed0")
+    noisy = load_file(str(first / WEIGHTS))
+    for name, tensor in base.items():  # the same norm per tensor, in another (random) direction
+        change = noisy[name].double() - tensor.double()
+        assert float(change.norm()) == pytest.approx(norms[name], rel=1e-3, abs=1e-9)
+    assert (first / "config.json").exists()
+    again = load_file(str(perturbed(tiny_model_dir, norms, 0, tmp_path / "seed0-again") / WEIGHTS))
+    other = load_file(str(perturbed(tiny_model_dir, norms, 1, tmp_path / "seed1") / WEIGHTS))
+    name = next(n for n, v in norms.items() if v > 0)
+    assert torch.equal(again[name], noisy[name]) and not torch.equal(other[name], noisy[name])
+
+    got = versus([1, 1, 0, 0, 1], [1, 0, 1, 1, 1])
+    assert (got["better"], got["worse"]) == (2, 1) and got["difference"] == pytest.approx(20.0)
+    assert got["p_two_sided"] == 1.0  # 2 of 3 changed questions better: nothing
+    assert versus([0] * 10, [1] * 10)["p_two_sided"] == pytest.approx(2 / 2**10)
