@@ -805,6 +805,16 @@ def test_greedy_rejected_run_trains_on_the_policy_s_own_outputs(tmp_path: Path, 
     for pair in swapped:
         assert pair["rejected"][0]["content"] == greedy[mdpo.prompt_key(pair)]
 
+    # another DPO setting on the same samples takes their greedy outputs along: no engine opens for them
+    third = _run_config(
+        tmp_path, tiny_model_dir, iterations=1, eval_initial=False, rejected="greedy", rollouts_from=str(it.parent)
+    )
+    third.output_dir, third.nll_weight = str(tmp_path / "run-greedy-nll"), 0.5
+    factory = Factory()
+    train_mdpo(third, llm_factory=factory, retriever=retriever)
+    assert factory.paths == [tmp_path / "run-greedy-nll" / "iter1" / "model"]
+    assert load_pairs(tmp_path / "run-greedy-nll" / "iter1" / "pairs.jsonl") == trained
+
 
 def test_a_later_iteration_reuses_rollouts_of_the_same_weights_elsewhere(tmp_path: Path, tiny_model_dir: Path) -> None:
     retriever = ListRetriever(passages("Ann was born in Paris."))

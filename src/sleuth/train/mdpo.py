@@ -319,6 +319,9 @@ def _reuse_rollouts(
     # a resumed iteration finds the copy already there: the record of where it came from outlives this call
     common.write_json(target.parent / REUSED_FILE, {"rollouts_reused_from": str(source)})
     partial.rename(target)
+    greedy = source.parent / "greedy.jsonl"  # the same policy and agent: its greedy outputs on the pair prompts too
+    if config.rejected == "greedy" and greedy.exists() and not (target.parent / "greedy.jsonl").exists():
+        shutil.copyfile(greedy, target.parent / "greedy.jsonl")
     _log(config, f"rollouts_from: reusing {source} ({len(RolloutStore(target))} rollouts)")
     return True
 
