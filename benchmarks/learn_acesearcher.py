@@ -73,6 +73,7 @@ CLAIMS = [
     {"name": "SFT > base", "metric": "em", "before": "base", "after": "sft"},
     {"name": "mDPO-2 > SFT", "metric": "em", "before": "sft", "after": "mdpo-2"},
 ]
+PAIR_SETS = ("decompose", "subq", "final")  # sleuth.train.mdpo.PAIR_SETS, without importing the trainer here
 DEV_OUTPUTS = ("completion_tokens_mean", "answer_chars_mean", "format_fallback_rate", "fallbacks")
 # --full, for a GPU: 10x the SFT and RFT data, the paper's k = 10 and N = 15
 FULL = {
@@ -296,6 +297,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         beta=s.get("dpo_beta", MDPOConfig.beta),
         heldout_pairs=s.get("heldout_pairs", 0.0),
         rejected=s.get("rejected", "sampled"),
+        pair_sets=tuple(s.get("pair_sets", MDPOConfig.pair_sets)),
         rollouts_from=tuple(s.get("rollouts_from", ())),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
@@ -524,6 +526,13 @@ def main() -> None:
         help="rejected side of each pair: the worst sampled run's (the paper) or the policy's greedy output on the "
         "pair's prompt (a deviation: MDPOConfig.rejected)",
     )
+    parser.add_argument(
+        "--pair-sets",
+        nargs="+",
+        choices=PAIR_SETS,
+        default=None,
+        help="the preference sets DPO trains on (default: all three, as the paper; MDPOConfig.pair_sets)",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
     parser.add_argument(
@@ -616,6 +625,8 @@ def main() -> None:
         s["heldout_pairs"] = mdpo_key["heldout_pairs"] = args.heldout_pairs
     if args.rejected != "sampled":  # likewise
         s["rejected"] = mdpo_key["rejected"] = args.rejected
+    if args.pair_sets and tuple(args.pair_sets) != PAIR_SETS:  # likewise
+        s["pair_sets"] = mdpo_key["pair_sets"] = list(args.pair_sets)
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     # iteration 1 samples from the SFT model whatever the DPO settings, and iteration t from a model a sibling may

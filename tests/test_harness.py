@@ -217,7 +217,11 @@ def test_acesearcher_chosen_likelihood_skips_the_step_before_any_update() -> Non
 
 
 def test_acesearcher_on_policy_column_counts_the_pairs_the_greedy_policy_already_gets() -> None:
-    from learn_acesearcher import _on_policy
+    from learn_acesearcher import PAIR_SETS, _on_policy
+
+    from sleuth.train import mdpo
+
+    assert PAIR_SETS == mdpo.PAIR_SETS  # --pair-sets offers the trainer's sets
 
     it = {
         "on_policy": {"subq_greedy_is_chosen": 49, "final_greedy_is_chosen": 42, "subq_greedy_rejected": 17},
