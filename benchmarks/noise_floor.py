@@ -37,6 +37,15 @@ RESULTS = REPO / "docs" / "results" / "learn_acesearcher" / "noise_floor"
 WEIGHTS = "model.safetensors"
 
 
+def default_agent() -> Any:
+    """The learning benchmark's evaluation agent at its default k = 3 and N = 6 (``settings`` fixes the token
+    budgets; the training sizes, which the agent does not depend on, are zero here)."""
+    unused = ("sft_decompose_questions", "sft_questions", "sft_lr", "rft_questions", "decompositions", "solutions")
+    sizes = {"smoke": False, "seed": 0, "test_questions": 150, "k": 3, "total_passages": 6, "iterations": 0}
+    sizes |= dict.fromkeys((*unused, "dpo_lr", "dpo_epochs"), 0)
+    return agent_config(settings(argparse.Namespace(**sizes)))
+
+
 def update_norms(base: Path, update: Path) -> dict[str, float]:
     """Per tensor, the norm of ``update``'s weights minus ``base``'s."""
     from safetensors.torch import load_file
@@ -104,24 +113,7 @@ def main() -> None:
     sft, world, index = work / "sft", work / "world", str(work / "index")
     if not (sft / WEIGHTS).exists() or not (world / "world.json").exists():
         raise SystemExit(f"{work}: no SFT model or world; run benchmarks/learn_acesearcher.py first")
-    sizes = argparse.Namespace(
-        smoke=False,
-        seed=0,
-        test_questions=150,
-        sft_decompose_questions=0,
-        sft_questions=0,
-        sft_lr=0.0,
-        rft_questions=0,
-        decompositions=0,
-        solutions=0,
-        iterations=0,
-        dpo_lr=0.0,
-        dpo_epochs=0.0,
-        k=3,
-        total_passages=6,
-    )
-    s = settings(sizes)  # the learning benchmark's default agent sizes (k, N, token budgets)
-    agent = agent_config(s)
+    agent = default_agent()
     # learn_acesearcher's work directory and evaluation keys: its cached evaluations of the SFT model and of the
     # update are read back, not recomputed
     exp = Experiment("noise_floor", work, Path(args.results))
