@@ -298,6 +298,7 @@ def run_mdpo(model: Path, world: Path, out: Path, s: dict[str, Any], agent: Any,
         heldout_pairs=s.get("heldout_pairs", 0.0),
         rejected=s.get("rejected", "sampled"),
         pair_sets=tuple(s.get("pair_sets", MDPOConfig.pair_sets)),
+        decompose_pairs=s.get("decompose_pairs", "paper"),
         rollouts_from=tuple(s.get("rollouts_from", ())),
         batch_size=s["dpo_batch"],
         per_device_batch_size=1,
@@ -389,8 +390,8 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
                 "| iteration | pairs: chosen EM / rejected EM | chosen better / equal / rejected better "
                 "| held-out pairs | held-out accuracy first -> last | held-out logps chosen / rejected first -> last "
                 "| dev tokens per run | dev answer chars | dev fallback rate "
-                "| greedy = chosen (pairs kept / sampled) |",
-                "|---|---|---|---|---|---|---|---|---|---|",
+                "| greedy = chosen (pairs kept / sampled) | decompose pairs: chosen steps; longer / same / shorter |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for it in diagnosed:
                 c = (it.get("pair_correctness") or {}).get("all") or {}
@@ -405,7 +406,7 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
                     f"{_num(first.get('logps_chosen'))} / {_num(first.get('logps_rejected'))} -> "
                     f"{_num(last.get('logps_chosen'))} / {_num(last.get('logps_rejected'))} | "
                     f"{_num(d.get('completion_tokens_mean'))} | {_num(d.get('answer_chars_mean'))} | "
-                    f"{pct(d.get('format_fallback_rate'))} | {_on_policy(it)} |"
+                    f"{pct(d.get('format_fallback_rate'))} | {_on_policy(it)} | {_steps(it)} |"
                 )
             lines += [
                 "",
@@ -414,7 +415,9 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
                 "questions kept out of DPO (`--heldout-pairs`), their implicit-reward accuracy and summed log-probs "
                 "at the first and the last evaluation. Dev outputs: the iteration's model on the dev questions. "
                 "Greedy = chosen (`--rejected greedy`): the share of the sampled pairs whose prompt the starting "
-                "policy already answers greedily as the chosen side does (those pairs are dropped).",
+                "policy already answers greedily as the chosen side does (those pairs are dropped). Decompose pairs: "
+                "how many chosen decompositions have k sub-questions (k: count), and how many pairs prefer the longer "
+                "/ an equally long / the shorter one (`--decompose-pairs same_length` keeps only equal ones).",
             ]
         copied = results["mdpo"].get("iterations_reused_from") or {}
         for t, source in sorted(copied.items()):
@@ -432,6 +435,15 @@ def markdown(exp: Any, results: dict[str, Any], trials: list[dict[str, Any]]) ->
                 ]
     lines += ["", exp.seconds_line(), "", *settings_block(results["settings"])]
     return "\n".join(lines)
+
+
+def _steps(it: dict[str, Any]) -> str:
+    """The diagnosis table's decomposition-length cell: chosen sides by sub-question count; longer / same / shorter."""
+    steps = it.get("decompose_steps")
+    if not steps:
+        return "–"
+    chosen = ", ".join(f"{k}: {v}" for k, v in steps["chosen"].items()) or "none"
+    return f"{chosen}; {steps['chosen_longer']} / {steps['same_length']} / {steps['chosen_shorter']}"
 
 
 def chosen_likelihood(log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -533,6 +545,13 @@ def main() -> None:
         default=None,
         help="the preference sets DPO trains on (default: all three, as the paper; MDPOConfig.pair_sets)",
     )
+    parser.add_argument(
+        "--decompose-pairs",
+        choices=("paper", "same_length"),
+        default="paper",
+        help="decomposition pairs: best vs worst (the paper) or best vs the worst of as many sub-questions (a "
+        "deviation: MDPOConfig.decompose_pairs)",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
     parser.add_argument(
@@ -627,6 +646,8 @@ def main() -> None:
         s["rejected"] = mdpo_key["rejected"] = args.rejected
     if args.pair_sets and tuple(args.pair_sets) != PAIR_SETS:  # likewise
         s["pair_sets"] = mdpo_key["pair_sets"] = list(args.pair_sets)
+    if args.decompose_pairs != "paper":  # likewise
+        s["decompose_pairs"] = mdpo_key["decompose_pairs"] = args.decompose_pairs
     # one directory per mDPO setting, so settings tried on dev sit side by side on the same SFT model
     mdpo_dir = exp.stage_dir("mdpo", mdpo_key)
     # iteration 1 samples from the SFT model whatever the DPO settings, and iteration t from a model a sibling may
@@ -658,6 +679,7 @@ def main() -> None:
             it["dev_outputs"] = {k: (stats.get("dev") or {}).get(k) for k in DEV_OUTPUTS}
             it["pairs_sampled"] = stats.get("pairs_sampled")  # rejected="greedy": before the on-policy filter
             it["on_policy"] = stats.get("on_policy")
+            it["decompose_steps"] = stats.get("decompose_steps")  # sub-question counts of the decomposition pairs
             metrics = stats_file.with_name("train_metrics.json")  # the DPO trainer's log (stats.json leaves it out)
             if metrics.exists():
                 trained = json.loads(metrics.read_text())

@@ -232,6 +232,21 @@ def test_acesearcher_on_policy_column_counts_the_pairs_the_greedy_policy_already
     assert _on_policy({"pairs": {"total": 3}}) == "–"  # a run with the paper's sampled rejected sides
 
 
+def test_acesearcher_steps_column_reads_the_decomposition_pairs_lengths() -> None:
+    from learn_acesearcher import _steps
+
+    from sleuth.train.mdpo import decompose_steps
+
+    pairs = [
+        {"set": "decompose", "chosen_steps": 3, "rejected_steps": 2},
+        {"set": "decompose", "chosen_steps": 3, "rejected_steps": 3},
+        {"set": "decompose", "chosen_steps": 2, "rejected_steps": 3},
+        {"set": "final"},
+    ]
+    assert _steps({"decompose_steps": decompose_steps(pairs)}) == "2: 1, 3: 2; 1 / 1 / 1"
+    assert _steps({}) == "–"  # an iteration trained before the lengths were recorded
+
+
 def test_rollout_steps_count_mixed_groups_and_average_components(tmp_path: Path) -> None:
     from sleuth.records import Example, Trace
     from sleuth.train.rollouts import Rollout, RolloutStore

@@ -162,6 +162,33 @@ def test_pairs_best_vs_worst_decomposition_subanswers_and_final() -> None:
     assert canonical[0]["rejected"][0]["content"] == "### Q1: Who is Ann?"
 
 
+def test_same_length_decompose_pairs_compare_decompositions_of_equal_steps() -> None:
+    rollouts = (
+        runs("q1", 0, D_GOOD, [GOOD, BAD, GOOD, HALF])  # 2 sub-questions, mean 0.5
+        + runs("q1", 1, D_ALT, [GOOD, GOOD, GOOD, GOOD])  # 2 sub-questions, mean 1.0: best
+        + runs("q1", 2, D_BAD, [(["Ann is a person"], WRONG)] * 4)  # 1 sub-question, mean 0.0: worst overall
+    )
+    paper, stats = build_pairs(rollouts, MDPOConfig(pair_sets=("decompose",)))
+    assert (paper[0]["chosen_steps"], paper[0]["rejected_steps"]) == (2, 1)
+    assert stats["decompose_steps"] == {
+        "chosen": {"2": 1},
+        "rejected": {"1": 1},
+        "chosen_longer": 1,
+        "same_length": 0,
+        "chosen_shorter": 0,
+    }
+    same, stats = build_pairs(rollouts, MDPOConfig(pair_sets=("decompose",), decompose_pairs="same_length"))
+    assert [(p["chosen"][0]["content"], p["rejected"][0]["content"]) for p in same] == [(D_ALT, D_GOOD)]
+    assert (same[0]["chosen_reward"], same[0]["rejected_reward"]) == (1.0, 0.5)
+    assert stats["decompose_steps"]["same_length"] == 1 and stats["decompose_steps"]["chosen_longer"] == 0
+    # no other decomposition as long as the best: no pair, counted
+    lone = runs("q2", 0, D_ALT, [GOOD] * 4) + runs("q2", 1, D_BAD, [(["Ann is a person"], WRONG)] * 4)
+    none, stats = build_pairs(lone, MDPOConfig(pair_sets=("decompose",), decompose_pairs="same_length"))
+    assert none == [] and stats["degenerate"]["decompose_no_same_length"] == 1
+    with pytest.raises(ValueError, match="decompose_pairs"):
+        MDPOConfig(decompose_pairs="shortest").validate()  # type: ignore[arg-type]
+
+
 def _greedy_replies(decompose: str, subq: str, final: str) -> Callable[[str], str]:
     """A policy whose greedy output depends only on which call a prompt is (the prompts say it)."""
 

@@ -184,6 +184,13 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
     # D_decompose completions: "raw" = the model's output as sampled; "canonical" = re-serialised
     # "### Q<k>: text" lines, as the released create_dpo_pairs.py writes them.
     decomposition_completion: Literal["raw", "canonical"] = "raw"
+    # A deviation, off by default. "paper": D_decompose pairs the best against the worst decomposition by mean reward.
+    # "same_length": against the worst one with as many sub-questions as the best (no pair when there is none), so a
+    # pair says which decomposition of a given length is better, not how many steps to take. Why: the issue-36
+    # diagnosis traced mDPO-1's loss to its decomposition pairs: mostly from 3-hop questions, their chosen sides have
+    # three sub-questions in 21 of 29, and the trained model gave 13 of the 18 test questions it lost (2-hop ones) an
+    # invented third hop.
+    decompose_pairs: Literal["paper", "same_length"] = "paper"
     # DPO [paper §4.5, App. F.2]
     iterations: int = 2  # T
     beta: float = 0.1  # the released 8B config: 0.5
@@ -228,6 +235,8 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
             raise ValueError(f"rejected={self.rejected!r}; expected 'sampled' or 'greedy'")
         if self.pairs_from not in ("every", "best"):
             raise ValueError(f"pairs_from={self.pairs_from!r}; expected 'every' or 'best'")
+        if self.decompose_pairs not in ("paper", "same_length"):
+            raise ValueError(f"decompose_pairs={self.decompose_pairs!r}; expected 'paper' or 'same_length'")
         if self.decomposition_completion not in ("raw", "canonical"):
             raise ValueError(f"decomposition_completion={self.decomposition_completion!r}; expected 'raw'/'canonical'")
         unknown = set(self.pair_sets) - set(PAIR_SETS)
@@ -666,12 +675,18 @@ def _decompose_pair(
     question: str, groups: list[_Decomposition], config: MDPOConfig, sink: _PairSink, degenerate: Counter[str]
 ) -> None:
     """D_decompose: argmax vs argmin of the mean reward over each decomposition's solver runs (first index wins a
-    tie inside the argmax / argmin, as with numpy)."""
+    tie inside the argmax / argmin, as with numpy); with ``decompose_pairs="same_length"`` the argmin is taken over
+    the decompositions with as many sub-questions as the argmax."""
     usable = [g for g in groups if g.valid_runs and g.prompt is not None]
     if len(usable) < 2:
         degenerate["decompose_single_decomposition"] += 1
         return
     best = max(usable, key=lambda g: g.mean_reward)
+    if config.decompose_pairs == "same_length":
+        usable = [g for g in usable if len(g.subquestions) == len(best.subquestions)]
+        if len(usable) < 2:
+            degenerate["decompose_no_same_length"] += 1
+            return
     worst = min(usable, key=lambda g: g.mean_reward)
     gap = best.mean_reward - worst.mean_reward
     if gap == 0:
@@ -695,6 +710,8 @@ def _decompose_pair(
             rejected_key=f"{question}#{worst.index}",
             chosen_em=best.mean_em,
             rejected_em=worst.mean_em,
+            chosen_steps=len(best.subquestions),
+            rejected_steps=len(worst.subquestions),
         )
 
 
@@ -793,9 +810,25 @@ def build_pairs(rollouts: Iterable[Rollout], config: MDPOConfig | None = None) -
         "em": mean([float(score_example(t.trace.example, t.trace.answer or "").get("em") or 0.0) for t in finished]),
         "pairs": {**counts, "total": len(pairs)},
         "reward_margin": margins,
+        "decompose_steps": decompose_steps(pairs),
         "degenerate": dict(sorted((k, v) for k, v in degenerate.items() if v)),
     }
     return pairs, stats
+
+
+def decompose_steps(pairs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The decomposition pairs' sub-question counts: per side, how many pairs have k sub-questions, and how many
+    pairs prefer the longer / an equally long / the shorter decomposition (the issue-36 diagnosis: a bias to longer
+    chosen sides teaches the model extra hops)."""
+    found = [p for p in pairs if p.get("set") == "decompose" and p.get("chosen_steps") is not None]
+    chosen, rejected = Counter(p["chosen_steps"] for p in found), Counter(p["rejected_steps"] for p in found)
+    return {
+        "chosen": {str(k): v for k, v in sorted(chosen.items())},
+        "rejected": {str(k): v for k, v in sorted(rejected.items())},
+        "chosen_longer": sum(p["chosen_steps"] > p["rejected_steps"] for p in found),
+        "same_length": sum(p["chosen_steps"] == p["rejected_steps"] for p in found),
+        "chosen_shorter": sum(p["chosen_steps"] < p["rejected_steps"] for p in found),
+    }
 
 
 def pair_correctness(pairs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
