@@ -1222,8 +1222,11 @@ def train_dpo(config: MDPOConfig, policy: str | Path, pairs: list[dict[str, Any]
 
 
 def _examples(store: RolloutStore) -> dict[str, Example]:
-    """question id -> its Example, from the stored runs (gold answers for the on-policy pairs' EM)."""
-    return {question: runs[0].trace.example for question, runs in trajectories(store).items() if runs}
+    """question id -> its Example, from the stored runs (gold answers for the on-policy pairs' EM; no scoring)."""
+    found: dict[str, Example] = {}
+    for rollout in store:
+        found.setdefault(str(_question_of(rollout)), rollout.trace.example)
+    return found
 
 
 def _log(config: MDPOConfig, message: str) -> None:
@@ -1302,6 +1305,7 @@ def _iterate(
             policy = model_dir
             continue
         seconds: dict[str, float] = {}
+        built: tuple[list[dict[str, Any]], dict] | None = None  # the pairs, when the greedy outputs needed them first
         producer = rollout_producer(
             METHOD,
             rollout_agent,
@@ -1352,14 +1356,13 @@ def _iterate(
                 seconds["eval_initial"] = time.perf_counter() - started
             if config.rejected == "greedy":  # on the engine that is up: the policy's greedy output on the pairs
                 started = time.perf_counter()
-                greedy_outputs(
-                    build_pairs(store, config)[0], llm, config.agent, it / "greedy.jsonl", config.concurrency
-                )
+                built = build_pairs(store, config)
+                greedy_outputs(built[0], llm, config.agent, it / "greedy.jsonl", config.concurrency)
                 seconds["greedy"] = time.perf_counter() - started
             engines.release(policy, llm, False)  # before DPO: the trainer gets the memory and the cores
             del llm
         started = time.perf_counter()
-        pairs, pair_stats = build_pairs(store, config)
+        pairs, pair_stats = built or build_pairs(store, config)
         if config.rejected == "greedy":
             greedy = load_greedy(it / "greedy.jsonl")
             if not model_dir.exists() and any(prompt_key(p) not in greedy for p in pairs):
