@@ -478,3 +478,40 @@ def test_noise_floor_perturbs_each_tensor_by_the_update_s_norm(tmp_path: Path, t
     assert (got["better"], got["worse"]) == (2, 1) and got["difference"] == pytest.approx(20.0)
     assert got["p_two_sided"] == 1.0  # 2 of 3 changed questions better: nothing
     assert versus([0] * 10, [1] * 10)["p_two_sided"] == pytest.approx(2 / 2**10)
+
+
+def test_trl_dpo_control_trains_the_iteration_s_training_pairs_at_trl_defaults(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from noise_floor import update_norms
+    from trl_dpo import train_plain_dpo, training_rows
+
+    from sleuth.train.mdpo import split_heldout, write_pairs
+
+    pairs = [
+        {
+            "prompt": [{"role": "user", "content": f"Question {i}?"}],
+            "chosen": [{"role": "assistant", "content": f"<answer>yes {i}</answer>"}],
+            "rejected": [{"role": "assistant", "content": "I do not know"}],
+            "set": "final",
+            "question_id": f"q{i // 2}",
+            "chosen_reward": 1.0,
+            "rejected_reward": 0.0,
+        }
+        for i in range(8)
+    ]
+    iteration = tmp_path / "iter1"
+    iteration.mkdir()
+    write_pairs(iteration / "pairs.jsonl", pairs)
+    rows = training_rows(iteration, 0.25, seed=0)
+    kept, _ = split_heldout(pairs, 0.25, 0)
+    assert len(rows) == len(kept) == 6  # one of four questions held out whole, as the mDPO run split it
+    assert rows[0] == {k: kept[0][k] for k in ("prompt", "chosen", "rejected")}  # TRL's columns only
+
+    out = tmp_path / "trl"
+    metrics = train_plain_dpo(tiny_model_dir, rows, out, seed=0)
+    assert metrics["pairs"] == 6 and metrics["steps"] == 3  # 3 epochs of one batch of 8 (6 pairs)
+    assert metrics["config"]["learning_rate"] == "1e-06" and metrics["config"]["beta"] == "0.1"
+    assert any(v > 0 for v in update_norms(tiny_model_dir, out).values())
+    assert not (tmp_path / "trl.partial").exists()
+    assert train_plain_dpo(tiny_model_dir, rows, out, seed=0) == metrics  # done: read back, not trained again
