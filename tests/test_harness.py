@@ -515,3 +515,46 @@ def test_trl_dpo_control_trains_the_iteration_s_training_pairs_at_trl_defaults(
     assert any(v > 0 for v in update_norms(tiny_model_dir, out).values())
     assert not (tmp_path / "trl.partial").exists()
     assert train_plain_dpo(tiny_model_dir, rows, out, seed=0) == metrics  # done: read back, not trained again
+
+
+def test_world_pilot_choice_rule_and_group_statistics() -> None:
+    from world_pilot import choose_world, group_statistics
+
+    stats = group_statistics([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0], [1.0]])  # the single run is no group
+    assert stats == {"groups": 2, "variance": pytest.approx(0.125), "spread": 0.5}
+    assert group_statistics([[1.0]]) == {"groups": 0, "variance": None, "spread": None}
+
+    rows = {
+        "easy": {"accuracy": 0.8, "variance": 0.2},
+        "mid": {"accuracy": 0.3, "variance": 0.1},
+        "mid_noisier": {"accuracy": 0.5, "variance": 0.15},
+        "hard": {"accuracy": 0.05, "variance": 0.01},
+    }
+    assert choose_world(rows)["world"] == "mid_noisier" and choose_world(rows)["in_range"]
+    none_in_range = {"easy": {"accuracy": 0.8, "variance": 0.2}, "hard": {"accuracy": 0.1, "variance": 0.01}}
+    assert choose_world(none_in_range) == {
+        "world": "hard",  # 0.1 below the range beats 0.2 above it
+        "in_range": False,
+        "rule": "accuracy in [0.2, 0.6], then the highest variance",
+    }
+    with pytest.raises(ValueError):
+        choose_world({})
+
+
+def test_world_pilot_reads_mdpo_groups_from_sampled_runs() -> None:
+    from world_pilot import acesearcher_signal
+
+    from tests.test_mdpo import BAD, D_ALT, D_BAD, D_GOOD, GOOD, HALF, WRONG, runs
+
+    rollouts = (
+        runs("q1", 0, D_GOOD, [GOOD, BAD, GOOD, HALF])  # rewards 1 0 1 0
+        + runs("q1", 1, D_ALT, [GOOD, GOOD, GOOD, GOOD])
+        + runs("q1", 2, D_BAD, [(["Ann is a person"], WRONG)] * 4)
+    )
+    signal = acesearcher_signal(rollouts)
+    assert signal["questions"] == 1 and signal["runs"] == 12
+    assert signal["accuracy"] == pytest.approx(6 / 12)
+    assert signal["solver_groups"] == 3 and signal["solver_spread"] == pytest.approx(1 / 3)
+    assert signal["variance"] == signal["solver_variance"] == pytest.approx(0.25 / 3)
+    assert signal["decomposition_groups"] == 1 and signal["decomposition_spread"] == 1.0
+    assert signal["pairs"]["total"] == 3 and signal["pairs_per_question"] == 3.0
