@@ -113,6 +113,18 @@ def train_plain_dpo(policy: Path, rows: list[dict[str, Any]], out: Path, seed: i
     return metrics
 
 
+def described(config: dict[str, str]) -> str:
+    """The recorded DPOConfig values as a sentence."""
+    batch = int(config["per_device_train_batch_size"]) * int(config["gradient_accumulation_steps"])
+    return (
+        f"lr {config['learning_rate']}, beta {config['beta']}, loss {config['loss_type']}, "
+        f"{float(config['num_train_epochs']):g} epochs, batch {batch} ({config['per_device_train_batch_size']} x "
+        f"{config['gradient_accumulation_steps']} accumulated), {config['lr_scheduler_type'].split('.')[-1].lower()} "
+        f"schedule, {config['warmup_steps']} warm-up steps, max_length {config['max_length']} "
+        f"({config['truncation_mode']} truncation)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iteration", required=True, help="an mDPO iteration directory (pairs.jsonl, model/)")
@@ -140,6 +152,7 @@ def main() -> None:
     digest = hashlib.sha256(json.dumps([rows, str(policy), args.seed], sort_keys=True).encode()).hexdigest()[:12]
     out = work / "trl-dpo" / digest
     metrics = train_plain_dpo(policy, rows, out, args.seed)
+    trained_seconds = metrics["seconds"]  # the run that trained it (a rerun reads the model back)
 
     agent = default_agent()
     exp = Experiment("trl_dpo", work, Path(args.results))
@@ -157,6 +170,7 @@ def main() -> None:
                 found[split] = exp.evaluate(stage, split, key, run)
         return found
 
+    exp.seconds["trl-dpo training"] = trained_seconds
     evaluations = {"sft": measure("sft", sft), args.stage: measure(args.stage, iteration / "model")}
     evaluations["trl-dpo"] = measure(f"trl-dpo-{digest}", out)
     rows_out: dict[str, Any] = {}
@@ -190,7 +204,8 @@ def main() -> None:
     lines = exp.header(
         "TRL's plain DPO at its defaults on the pairs of one mDPO iteration",
         f"Pairs: `{short(iteration)}/pairs.jsonl`, {len(rows)} training pairs (held-out share {args.heldout_pairs}). "
-        f"TRL {metrics['config']}: {metrics['steps']} steps in {metrics['seconds'] / 60:.0f} min; logged reward "
+        f"`trl.DPOConfig` defaults: {described(metrics['config'])}: {metrics['steps']} steps in "
+        f"{metrics['seconds'] / 60:.0f} min; logged reward "
         f"accuracy {accuracy}, margin {margin}. "
         f"sleuth's mDPO on the same pairs: {mdpo.get('steps')} steps at lr {mdpo.get('learning_rate')}.",
     )
