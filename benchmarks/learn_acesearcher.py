@@ -552,6 +552,21 @@ def main() -> None:
         help="decomposition pairs: best vs worst (the paper) or best vs the worst of as many sub-questions (a "
         "deviation: MDPOConfig.decompose_pairs)",
     )
+    parser.add_argument(
+        "--group",
+        default=None,
+        help="a sweep's name: this setting is one of its trials, evaluated on dev first and recorded in trials.json; "
+        "its test evaluation is refused until the group's dev choice is recorded (--choose)",
+    )
+    parser.add_argument(
+        "--dev-only", action="store_true", help="with --group: record the trial on dev and stop (no test, no report)"
+    )
+    parser.add_argument(
+        "--choose",
+        action="store_true",
+        help="with --group: first record the group's dev choice (Experiment.choose: the best dev EM of the last "
+        "mDPO stage among the recorded trials), then evaluate this setting on test",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
     parser.add_argument(
@@ -560,6 +575,8 @@ def main() -> None:
         help="hf, vllm, a 'vllm:{model}?...' template, or auto: vllm when installed (hf with --smoke)",
     )
     args = parse_sized(parser, FULL)
+    if (args.dev_only or args.choose) and not args.group:
+        parser.error("--dev-only and --choose belong to a sweep: name it with --group")
     from sleuth.data.synth import load_synth, synthesize
     from sleuth.retrieval.bm25 import build_bm25_index
     from sleuth.train.common import auto_engine
@@ -592,15 +609,20 @@ def main() -> None:
     evaluations: dict[str, dict[str, Any]] = {"test": {}, "dev": {}}
     models: dict[str, str] = {}
 
-    def measure(stage: str, model: Path, same_as: Path | None = None) -> None:
-        """Evaluate ``model`` on both splits; ``same_as``: a directory holding the same weights (the iteration a
-        copied one came from), whose cached evaluations stand for this model's."""
+    def measure(
+        stage: str, model: Path, same_as: Path | None = None, names: tuple[str, ...] = ("test", "dev")
+    ) -> None:
+        """Evaluate ``model`` on the splits ``names``; ``same_as``: a directory holding the same weights (the
+        iteration a copied one came from), whose cached evaluations stand for this model's. With ``--group`` an mDPO
+        stage's test evaluation belongs to the group: the harness refuses it before the group's dev choice."""
         models[stage] = str(model)
+        group = args.group if stage.startswith("mdpo") else None
         with ModelServer(model, args.engine, args.llm_options) as server:
-            for split, examples in splits.items():
+            for split in names:
+                examples = splits[split]
                 key = {**eval_key, "model": str(same_as or model), "questions": len(examples)}
                 run = functools.partial(evaluate, server, examples, args.index, agent)
-                evaluations[split][stage] = exp.evaluate(stage, split, key, run)
+                evaluations[split][stage] = exp.evaluate(stage, split, key, run, group=group)
 
     base = base_model(args.smoke, work)
     measure("base", base)
@@ -666,6 +688,7 @@ def main() -> None:
         return {**run_mdpo(sft, world, mdpo_dir, s, agent, args), "iterations_reused_from": reused}
 
     summary = exp.stage(mdpo_dir.name, mdpo_key, train)
+    held_back: list[tuple[str, Path, Path | None]] = []
     for it in summary["iterations"]:  # what the table needs to explain a flat curve: ties and how far DPO moved
         stats_file = mdpo_dir / f"iter{it['iteration']}" / "stats.json"
         if stats_file.exists():
@@ -691,18 +714,31 @@ def main() -> None:
         same_as = Path(source) / "model" if source else None
         if same_as and model_revision(same_as) != model_revision(model):  # the source was trained again since
             same_as = None
-        measure(f"mdpo-{it['iteration']}", model, same_as)
+        # with --group, dev first: the test split waits for the group's choice (below)
+        measure(f"mdpo-{it['iteration']}", model, same_as, ("dev",) if args.group else ("test", "dev"))
+        held_back.append((f"mdpo-{it['iteration']}", model, same_as))
         if all(v is None for v in (it.get("dev_outputs") or {}).values()):  # the stage had no dev set: the harness's
             it["dev_outputs"] = evaluations["dev"][f"mdpo-{it['iteration']}"].get("outputs")
 
+    settings_record = {k: v for k, v in s.items() if k != "rollouts_from"}
+    settings_record |= {"agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "engine": args.engine}
+    trial = {k: v for k, v in settings_record.items() if k != "agent"}
+    if args.group:  # the setting is a trial of the group: its dev values are recorded before any test evaluation
+        trials = exp.record_trial(trial, evaluations["dev"], "em", group=args.group)
+        if args.dev_only:
+            print(f"[{exp.name}] trial of {args.group!r} recorded on dev: {exp.results / 'trials.json'}", flush=True)
+            return
+        if args.choose:
+            exp.choose(args.group, f"mdpo-{s['iterations']}")
+        for stage, model, same_as in held_back:
+            measure(stage, model, same_as, ("test",))
+        evaluations["test"] = {k: evaluations["test"][k] for k in ("base", "sft", *[h[0] for h in held_back])}
     names = list(evaluations["test"])
     comparisons = [("sft", "base"), *[(n, "sft") for n in names if n.startswith("mdpo")]]
     comparisons += [(names[i], names[i - 1]) for i in range(3, len(names))]
     # rollouts_from says where samples could be reused from, not what was trained (a stage that sampled its own, or
     # a cached one, also gets it): what each iteration reused is in its stats (``rollouts_reused_from``)
-    settings_record = {k: v for k, v in s.items() if k != "rollouts_from"}
-    settings_record |= {"agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "engine": args.engine}
-    trials = exp.record_trial({k: v for k, v in settings_record.items() if k != "agent"}, evaluations["dev"], "em")
+    trials = exp.record_trial(trial, evaluations["dev"], "em", group=args.group)
     results = {
         "smoke": args.smoke,
         "test_questions": len(splits["test"]),

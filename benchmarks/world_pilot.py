@@ -49,6 +49,12 @@ WORLDS: dict[str, dict[str, Any]] = {
     "two_hop": {"max_hops": 2},
 }
 
+NOTES = {
+    "few_distractors": "`distractors` only lists distractor documents per question (the context of ARENA-style "
+    "readers); an open-retrieval world's corpus is the same, so for AceSearcher the few_distractors world is the base "
+    "world with other questions drawn: its distance from the base row is the pilot's sampling noise.",
+}
+
 
 def group_statistics(groups: Sequence[Sequence[float]]) -> dict[str, float | int | None]:
     """Over groups of rewards (one group: the runs a trainer compares): the mean population variance within a group,
@@ -152,7 +158,7 @@ def main() -> None:
     from sleuth.data.synth import load_synth
     from sleuth.retrieval import load_retriever
     from sleuth.train.common import auto_engine, with_sampling
-    from sleuth.train.mdpo import METHOD, sample_rollouts
+    from sleuth.train.mdpo import METHOD, pending_rollouts, sample_rollouts
     from sleuth.train.rollouts import RolloutStore, rollout_producer
 
     args.engine = auto_engine(args.engine)
@@ -171,11 +177,17 @@ def main() -> None:
             world, index = make_world(work / "pilot", name, WORLDS[name], args.questions)
             dev = list(load_synth(world / "dev.jsonl"))[: args.questions]
             store = RolloutStore(world / f"rollouts-m{args.decompositions}-n{args.solutions}", producer=producer)
-            started = time.perf_counter()
-            context = Context(llm=server.get(), retriever=load_retriever(str(index)), config=agent)
-            sample_rollouts(dev, context, store, args.decompositions, args.solutions, progress=True)
+            # the sampling seconds of every run that sampled into this store (a rerun starts no engine)
+            timing = store.path / "sampling_seconds.json"
+            spent = json.loads(timing.read_text()) if timing.exists() else 0.0
+            if pending_rollouts(dev, store, args.decompositions, args.solutions):
+                started = time.perf_counter()
+                context = Context(llm=server.get(), retriever=load_retriever(str(index)), config=agent)
+                sample_rollouts(dev, context, store, args.decompositions, args.solutions, progress=True)
+                spent += time.perf_counter() - started
+                timing.write_text(json.dumps(spent))
             rows[name] = {"knobs": WORLDS[name], **acesearcher_signal(list(store))}
-            exp.seconds[name] = time.perf_counter() - started
+            exp.seconds[name] = spent
             print(f"[world_pilot] {name}: {json.dumps(rows[name], default=str)}", flush=True)
     choice = choose_world(rows, args.low, args.high)
     results = {"method": "acesearcher", "starting_policy": str(sft), "base": BASE, "worlds": rows, "choice": choice}
@@ -199,6 +211,15 @@ def main() -> None:
             f"{r['decomposition_variance'] or 0:.3f} / {pct(r['decomposition_spread'])} | "
             f"{p['decompose']} / {p['subq']} / {p['final']} ({r['pairs_per_question']:.2f}) |"
         )
+    lines += [
+        "",
+        "Sampled EM: the mean EM of all m x m' runs; solver groups: the m' runs of one decomposition (their spread "
+        "gives the sub-answer and final pairs); decompositions: the m decompositions of one question by mean reward "
+        "(the decomposition pairs); variance: the mean population variance of the rewards within a group; with "
+        "spread: the share of groups whose rewards are not all equal (a tie gives no pair).",
+    ]
+    caveats = [NOTES[name] for name in rows if name in NOTES]
+    lines += ["", "Caveats: " + " ".join(caveats)] if caveats else []
     exp.write(results, "\n".join(lines) + "\n")
 
 
