@@ -10,8 +10,9 @@ with the highest within-group variance; the choice and every world's numbers go 
 
 AceSearcher's starting policy is the SFT model of ``benchmarks/learn_acesearcher.py`` (its stage under
 ``$SLEUTH_HOME/runs/learn-acesearcher``), sampled as mDPO's iteration 1 samples (m decompositions per question, m'
-solver runs per decomposition, T = 1.0); the groups are mDPO's: the m' runs of one decomposition (whose spread gives
-the sub-answer and final pairs) and the m decompositions of one question (by mean reward: the decomposition pairs).
+solver runs per decomposition, T = 1.0 unless ``--temperature``); the groups are mDPO's: the m' runs of one
+decomposition (whose spread gives the sub-answer and final pairs) and the m decompositions of one question (by mean
+reward: the decomposition pairs).
 
     python benchmarks/world_pilot.py --questions 24
 
@@ -147,6 +148,8 @@ def main() -> None:
     parser.add_argument("--worlds", nargs="+", choices=list(WORLDS), default=list(WORLDS))
     parser.add_argument("--decompositions", type=int, default=3, help="m, as mDPO samples")
     parser.add_argument("--solutions", type=int, default=4, help="m', as mDPO samples")
+    parser.add_argument("--temperature", type=float, default=1.0, help="rollout temperature (paper 1.0, code 0.7)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="rollout top-p (paper none, code 0.99)")
     parser.add_argument("--low", type=float, default=0.2)
     parser.add_argument("--high", type=float, default=0.6)
     parser.add_argument("--work", default=str(runs_home() / "learn-acesearcher"), help="learn_acesearcher's work dir")
@@ -166,7 +169,8 @@ def main() -> None:
     sft = work / "sft"
     if not (sft / "model.safetensors").exists():
         raise SystemExit(f"{work}: no SFT model; run benchmarks/learn_acesearcher.py first")
-    agent = with_sampling(default_agent(), 1.0, 1.0)  # mDPO's rollout agent: the evaluation agent at T = 1.0
+    # mDPO's rollout agent: the evaluation agent at the rollout temperature (the paper's 1.0 by default)
+    agent = with_sampling(default_agent(), args.temperature, args.top_p)
     producer = rollout_producer(
         METHOD, agent, sft, 1, decompositions=args.decompositions, solutions=args.solutions, seed=0
     )
@@ -176,7 +180,10 @@ def main() -> None:
         for name in args.worlds:
             world, index = make_world(work / "pilot", name, WORLDS[name], args.questions)
             dev = list(load_synth(world / "dev.jsonl"))[: args.questions]
-            store = RolloutStore(world / f"rollouts-m{args.decompositions}-n{args.solutions}", producer=producer)
+            sampler = f"m{args.decompositions}-n{args.solutions}"
+            if (args.temperature, args.top_p) != (1.0, 1.0):  # the paper's sampler keeps its first runs' name
+                sampler += f"-t{args.temperature:g}-p{args.top_p:g}"
+            store = RolloutStore(world / f"rollouts-{sampler}", producer=producer)
             # the sampling seconds of every run that sampled into this store (a rerun starts no engine)
             timing = store.path / "sampling_seconds.json"
             spent = json.loads(timing.read_text()) if timing.exists() else 0.0
@@ -190,11 +197,19 @@ def main() -> None:
             exp.seconds[name] = spent
             print(f"[world_pilot] {name}: {json.dumps(rows[name], default=str)}", flush=True)
     choice = choose_world(rows, args.low, args.high)
-    results = {"method": "acesearcher", "starting_policy": str(sft), "base": BASE, "worlds": rows, "choice": choice}
+    results = {
+        "method": "acesearcher",
+        "starting_policy": str(sft),
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p},
+        "base": BASE,
+        "worlds": rows,
+        "choice": choice,
+    }
     lines = exp.header(
         "World pilot: the starting policy's training signal per synthetic world (dev questions)",
         f"AceSearcher's SFT model sampled as mDPO's iteration 1 samples (m = {args.decompositions}, "
-        f"m' = {args.solutions}, T = 1.0) on {args.questions} dev questions of each world: `BASE` "
+        f"m' = {args.solutions}, T = {args.temperature:g}, top-p {args.top_p:g}) on {args.questions} dev questions "
+        "of each world: `BASE` "
         f"{json.dumps(BASE)} with one knob moved. Chosen by `choose_world` ({choice['rule']}): "
         f"**{choice['world']}**{'' if choice['in_range'] else ' (no world in range: the nearest)'}.",
     )
