@@ -23,6 +23,7 @@ import functools
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,43 @@ def default_agent() -> Any:
     sizes = {"smoke": False, "seed": 0, "test_questions": 150, "k": 3, "total_passages": 6, "iterations": 0}
     sizes |= dict.fromkeys((*unused, "dpo_lr", "dpo_epochs"), 0)
     return agent_config(settings(argparse.Namespace(**sizes)))
+
+
+def learn_arguments(parser: argparse.ArgumentParser, results: Path) -> None:
+    """The options of a benchmark that reads learn_acesearcher's stages and evaluates as it does."""
+    parser.add_argument("--work", default=str(runs_home() / "learn-acesearcher"), help="learn_acesearcher's work dir")
+    parser.add_argument("--results", default=str(results))
+    parser.add_argument("--llm-options", default="threads=2&max_batch=32")
+    parser.add_argument("--engine", default="auto")
+
+
+def learn_evaluator(name: str, args: argparse.Namespace) -> tuple[Experiment, Callable[..., dict[str, Any]], dict]:
+    """An Experiment ``name`` in learn_acesearcher's work directory, ``measure(stage, model, names=("test", "dev"))``
+    (the model evaluated on those splits exactly as learn_acesearcher evaluates: its world, index, agent and
+    evaluation keys, so its cached evaluations are read back, not recomputed) and the splits."""
+    from sleuth.data.synth import load_synth
+
+    work = Path(args.work)
+    world, index = work / "world", str(work / "index")
+    if not (work / "sft" / WEIGHTS).exists() or not (world / "world.json").exists():
+        raise SystemExit(f"{work}: no SFT model or world; run benchmarks/learn_acesearcher.py first")
+    agent = default_agent()
+    exp = Experiment(name, work, Path(args.results))
+    exp.data["world"] = json.loads((work / "stages" / "world.json").read_text())["key"]
+    splits = {"test": list(load_synth(world / "test.jsonl"))[:150], "dev": list(load_synth(world / "dev.jsonl"))[:100]}
+    eval_key = {"agent": dataclasses.asdict(agent), "index": index, "options": args.llm_options}
+
+    def measure(stage: str, model: Path, names: tuple[str, ...] = ("test", "dev")) -> dict[str, Any]:
+        out = {}
+        with ModelServer(model, args.engine, args.llm_options) as server:
+            for split in names:
+                examples = splits[split]
+                key = {**eval_key, "model": str(model), "questions": len(examples)}
+                run = functools.partial(evaluate, server, examples, index, agent)
+                out[split] = exp.evaluate(stage, split, key, run)
+        return out
+
+    return exp, measure, splits
 
 
 def update_norms(base: Path, update: Path) -> dict[str, float]:
@@ -100,36 +138,14 @@ def main() -> None:
     parser.add_argument("--update-stage", default="mdpo-1", help="its stage name in learn_acesearcher (cache hits)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--splits", nargs="+", default=["test"], choices=("test", "dev"), help="the noise seeds'")
-    parser.add_argument("--work", default=str(runs_home() / "learn-acesearcher"), help="learn_acesearcher's work dir")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--llm-options", default="threads=2&max_batch=32")
-    parser.add_argument("--engine", default="auto")
+    learn_arguments(parser, RESULTS)
     args = parser.parse_args()
-    from sleuth.data.synth import load_synth
     from sleuth.train.common import auto_engine
 
     args.engine = auto_engine(args.engine)
+    exp, measure, splits = learn_evaluator("noise_floor", args)
     work, update = Path(args.work), Path(args.update)
-    sft, world, index = work / "sft", work / "world", str(work / "index")
-    if not (sft / WEIGHTS).exists() or not (world / "world.json").exists():
-        raise SystemExit(f"{work}: no SFT model or world; run benchmarks/learn_acesearcher.py first")
-    agent = default_agent()
-    # learn_acesearcher's work directory and evaluation keys: its cached evaluations of the SFT model and of the
-    # update are read back, not recomputed
-    exp = Experiment("noise_floor", work, Path(args.results))
-    exp.data["world"] = json.loads((work / "stages" / "world.json").read_text())["key"]
-    splits = {"test": list(load_synth(world / "test.jsonl"))[:150], "dev": list(load_synth(world / "dev.jsonl"))[:100]}
-    eval_key = {"agent": dataclasses.asdict(agent), "index": index, "options": args.llm_options}
-
-    def measure(stage: str, model: Path, names: tuple[str, ...] = ("test", "dev")) -> dict[str, Any]:
-        out = {}
-        with ModelServer(model, args.engine, args.llm_options) as server:
-            for split in names:
-                examples = splits[split]
-                key = {**eval_key, "model": str(model), "questions": len(examples)}
-                run = functools.partial(evaluate, server, examples, index, agent)
-                out[split] = exp.evaluate(stage, split, key, run)
-        return out
+    sft, index, agent = work / "sft", str(work / "index"), default_agent()
 
     norms = update_norms(sft, update)
     total = sum(v * v for v in norms.values()) ** 0.5

@@ -20,8 +20,6 @@ Reads the learn_acesearcher stages under ``$SLEUTH_HOME/runs/learn-acesearcher``
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import hashlib
 import json
 import shutil
@@ -32,9 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import REPO, Experiment, ModelServer, pct, runs_home, short  # noqa: E402
-from learn_acesearcher import evaluate  # noqa: E402
-from noise_floor import WEIGHTS, default_agent, versus  # noqa: E402
+from harness import REPO, pct, short  # noqa: E402
+from noise_floor import WEIGHTS, learn_arguments, learn_evaluator, versus  # noqa: E402
 
 RESULTS = REPO / "docs" / "results" / "learn_acesearcher" / "trl_dpo"
 # what this machine needs, and nothing that changes the optimisation: the default batch of 8 pairs as 8 micro-batches
@@ -131,17 +128,14 @@ def main() -> None:
     parser.add_argument("--heldout-pairs", type=float, default=0.0, help="that run's --heldout-pairs share")
     parser.add_argument("--stage", default="mdpo-1", help="the iteration model's stage name in learn_acesearcher")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work", default=str(runs_home() / "learn-acesearcher"), help="learn_acesearcher's work dir")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--llm-options", default="threads=2&max_batch=32")
-    parser.add_argument("--engine", default="auto")
+    learn_arguments(parser, RESULTS)
     args = parser.parse_args()
-    from sleuth.data.synth import load_synth
     from sleuth.train.common import auto_engine
 
     args.engine = auto_engine(args.engine)
+    exp, measure, _ = learn_evaluator("trl_dpo", args)
     work, iteration = Path(args.work), Path(args.iteration)
-    sft, world, index = work / "sft", work / "world", str(work / "index")
+    sft = work / "sft"
     stats = json.loads((iteration / "stats.json").read_text())
     policy = Path(stats["policy"])
     if not (policy / WEIGHTS).exists() or not (iteration / "model" / WEIGHTS).exists():
@@ -154,25 +148,10 @@ def main() -> None:
     metrics = train_plain_dpo(policy, rows, out, args.seed)
     trained_seconds = metrics["seconds"]  # the run that trained it (a rerun reads the model back)
 
-    agent = default_agent()
-    exp = Experiment("trl_dpo", work, Path(args.results))
-    exp.data["world"] = json.loads((work / "stages" / "world.json").read_text())["key"]
-    splits = {"test": list(load_synth(world / "test.jsonl"))[:150], "dev": list(load_synth(world / "dev.jsonl"))[:100]}
-    eval_key = {"agent": dataclasses.asdict(agent), "index": index, "options": args.llm_options}
-
-    def measure(stage: str, model: Path) -> dict[str, Any]:
-        found = {}
-        with ModelServer(model, args.engine, args.llm_options) as server:
-            for split in ("dev", "test"):
-                examples = splits[split]
-                key = {**eval_key, "model": str(model), "questions": len(examples)}
-                run = functools.partial(evaluate, server, examples, index, agent)
-                found[split] = exp.evaluate(stage, split, key, run)
-        return found
-
     exp.seconds["trl-dpo training"] = trained_seconds
-    evaluations = {"sft": measure("sft", sft), args.stage: measure(args.stage, iteration / "model")}
-    evaluations["trl-dpo"] = measure(f"trl-dpo-{digest}", out)
+    order = ("dev", "test")
+    evaluations = {"sft": measure("sft", sft, order), args.stage: measure(args.stage, iteration / "model", order)}
+    evaluations["trl-dpo"] = measure(f"trl-dpo-{digest}", out, order)
     rows_out: dict[str, Any] = {}
     for stage, by_split in evaluations.items():
         rows_out[stage] = {}

@@ -34,8 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import REPO, Experiment, ModelServer, pct, runs_home  # noqa: E402
-from noise_floor import default_agent  # noqa: E402
+from harness import REPO, Experiment, ModelServer, pct  # noqa: E402
+from noise_floor import default_agent, learn_arguments  # noqa: E402
 
 RESULTS = REPO / "docs" / "results" / "world_pilot"
 # the learning benchmarks' world (benchmarks/learn_acesearcher.py: 2-3 hops, the generator's other defaults)
@@ -152,10 +152,7 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="rollout top-p (paper none, code 0.99)")
     parser.add_argument("--low", type=float, default=0.2)
     parser.add_argument("--high", type=float, default=0.6)
-    parser.add_argument("--work", default=str(runs_home() / "learn-acesearcher"), help="learn_acesearcher's work dir")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--llm-options", default="threads=2&max_batch=32")
-    parser.add_argument("--engine", default="auto")
+    learn_arguments(parser, RESULTS)
     args = parser.parse_args()
     from sleuth.agents import Context
     from sleuth.data.synth import load_synth
