@@ -489,10 +489,17 @@ class Experiment:
         return json.loads(path.read_text()) if path.exists() else []
 
     def record_trial(
-        self, settings: dict[str, Any], dev: dict[str, dict[str, Any]], metric: str, group: str | None = None
+        self,
+        settings: dict[str, Any],
+        dev: dict[str, dict[str, Any]],
+        metric: str,
+        group: str | None = None,
+        test: dict[str, dict[str, Any]] | None = None,
     ) -> list[dict]:
         """Add this run's settings and its dev-split ``metric`` per stage to ``RESULTS/trials.json`` (``group``:
-        the settings compared with each other by :meth:`choose`); all entries (trials, then recorded choices)."""
+        the settings compared with each other by :meth:`choose`); all entries (trials, then recorded choices).
+        ``test``: the trial's test evaluations, once allowed, so that every tried setting's test value is listed
+        beside its dev value, chosen or not (a later record without them keeps the earlier ones)."""
         entries = self._trials_file()
         entry = {
             "id": key_hash(settings),
@@ -503,10 +510,18 @@ class Experiment:
             **({"group": group} if group is not None else {}),
             "at": _now(),
         }
+        if test:
+            entry["test"] = {stage: round(100 * e["ci"][metric]["mean"], 1) for stage, e in test.items()}
+            entry["test_n"] = max(self.n(e) for e in test.values())
         old = next((t for t in entries if t.get("id") == entry["id"] and "settings" in t), None)
         if old is not None and old.get("at"):
             entry["at"] = old["at"]  # first recorded
-        entries = [t for t in entries if not (t.get("id") == entry["id"] and "settings" in t)] + [entry]
+        if old is not None and not test and "test" in old:
+            entry["test"], entry["test_n"] = old["test"], old.get("test_n")
+        if old is None:
+            entries.append(entry)
+        else:  # in place: a rerun keeps its row, and choose's tie-break (the earliest recorded) its order
+            entries[entries.index(old)] = entry
         write_atomic(self.results / "trials.json", (json.dumps(entries, indent=1) + "\n").encode())
         return entries
 
@@ -898,6 +913,7 @@ def trials_table(trials: list[dict[str, Any]], varying_only: bool = True) -> lis
     elif varying_only:
         keys = []
     stages = list(dict.fromkeys(s for t in trials for s in t["dev"]))
+    tested = list(dict.fromkeys(s for t in trials for s in t.get("test") or {}))
     metric = trials[-1]["metric"]
     rule = (
         "the chosen trial was picked by the harness's rule (best dev value, recorded before its test evaluations)"
@@ -905,13 +921,16 @@ def trials_table(trials: list[dict[str, Any]], varying_only: bool = True) -> lis
         else "no dev choice was recorded by the harness (Experiment.choose): the reported setting was picked by hand"
     )
     lines = [
-        f"Settings tried (dev split, {metric}; {rule}):",
+        f"Settings tried (dev split, {metric}; {rule}"
+        + ("; the test columns: every trial evaluated on test, chosen or not" if tested else "")
+        + "):",
         "",
-        "| trial | " + " | ".join(keys + [f"dev {s}" for s in stages]) + " |",
-        "|---" * (len(keys) + len(stages) + 1) + "|",
+        "| trial | " + " | ".join(keys + [f"dev {s}" for s in stages] + [f"test {s}" for s in tested]) + " |",
+        "|---" * (len(keys) + len(stages) + len(tested) + 1) + "|",
     ]
     for t, f in zip(trials, flat, strict=True):
         cells = [json.dumps(f.get(k)) for k in keys] + [str(t["dev"].get(s, "–")) for s in stages]
+        cells += [str((t.get("test") or {}).get(s, "–")) for s in tested]
         chosen = choices.get(t["id"])
         mark = f" (chosen: {chosen['choice']}, dev {chosen['stage']}, {chosen['at']})" if chosen else ""
         lines.append(f"| {t['id']}{mark} | " + " | ".join(cells) + " |")

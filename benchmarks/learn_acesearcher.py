@@ -738,7 +738,8 @@ def main() -> None:
     comparisons += [(names[i], names[i - 1]) for i in range(3, len(names))]
     # rollouts_from says where samples could be reused from, not what was trained (a stage that sampled its own, or
     # a cached one, also gets it): what each iteration reused is in its stats (``rollouts_reused_from``)
-    trials = exp.record_trial(trial, evaluations["dev"], "em", group=args.group)
+    tested = {k: v for k, v in evaluations["test"].items() if k.startswith("mdpo")}
+    trials = exp.record_trial(trial, evaluations["dev"], "em", group=args.group, test=tested)
     results = {
         "smoke": args.smoke,
         "test_questions": len(splits["test"]),

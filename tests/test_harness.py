@@ -444,9 +444,16 @@ def test_test_evaluations_of_a_group_wait_for_its_recorded_dev_choice(tmp_path: 
     entries = json.loads((tmp_path / "results" / "trials.json").read_text())
     assert [e.get("choice") for e in entries] == [None, None, "rl"]
     # every tried setting is evaluated on test once the choice is recorded, the chosen one marked in the report
-    assert exp.evaluate("rl-a", "test", {"m": "a"}, ev([1, 0]), group="rl")["group"] == "rl"
+    test_a = exp.evaluate("rl-a", "test", {"m": "a"}, ev([1, 0]), group="rl")
+    assert test_a["group"] == "rl"
+    trials = exp.record_trial({"lr": 1}, {"rl": dev_a}, "em", group="rl", test={"rl": test_a})
+    assert trials[0]["test"] == {"rl": 50.0} and trials[0]["test_n"] == 2
+    trials = exp.record_trial({"lr": 1}, {"rl": dev_a}, "em", group="rl")  # a dev-only rerun keeps the test value
+    assert trials[0]["test"] == {"rl": 50.0}
+    trials = [t for t in trials if "settings" in t]
     table = "\n".join(trials_table([*trials, choice]))
     assert "chosen" in table and table.count("| " + key_hash({"lr": 2}) + " (chosen") == 1
+    assert "| test rl |" in table and "| 50.0 |" in table and "chosen or not" in table
     assert exp.choose("rl", "rl", higher_is_better=False)["id"] == key_hash({"lr": 1})
 
 
