@@ -553,6 +553,12 @@ def main() -> None:
         "deviation: MDPOConfig.decompose_pairs)",
     )
     parser.add_argument(
+        "--sft-only",
+        action="store_true",
+        help="stop after the base and SFT evaluations, without a report (e.g. to check that a fresh work directory "
+        "trains the same SFT model and reads its committed evaluations back)",
+    )
+    parser.add_argument(
         "--group",
         default=None,
         help="a sweep's name: this setting is one of its trials, evaluated on dev first and recorded in trials.json; "
@@ -641,6 +647,9 @@ def main() -> None:
     # the trainer's own runtime from its log: also right when the model was trained by an earlier or interrupted run
     exp.seconds["sft"] = max(exp.seconds["sft"], _sft_runtime(sft))
     measure("sft", sft)
+    if args.sft_only:
+        print(f"[{exp.name}] --sft-only: base and SFT evaluated, no mDPO and no report", flush=True)
+        return
     mdpo_keys = (
         "rft_questions",
         "decompositions",
