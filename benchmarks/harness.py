@@ -70,6 +70,7 @@ from sleuth.eval.stats import (
     questions_needed,
     shown,
 )
+from sleuth.retrieval.base import INDEX_MANIFEST
 from sleuth.retrieval.building import write_atomic
 from sleuth.train.tracking import flatten
 
@@ -84,6 +85,15 @@ HASH_CACHE = ".sleuth-sha256.json"
 """The file beside a hashed directory's files that caches :func:`content_hash` (by each file's size and mtime)."""
 
 _MODEL_FILES = (".safetensors", ".bin", ".json", ".model", ".txt", ".jinja")
+
+HASH_RULE = 2
+"""The version of what :func:`content_hash` covers, kept with every cached hash and evaluation key (a hash or key
+of another rule is computed again). 2: an index manifest's provenance (``INDEX_PROVENANCE``) is left out."""
+
+INDEX_PROVENANCE = ("corpus", "built_at")
+"""Fields of an index manifest (``sleuth-index.json``) that say where and when it was built, not what it holds: the
+corpus path differs per checkout, the time per build, and the passages themselves are hashed in the index's files.
+With them two builds of one corpus never had the same hash, so no committed evaluation was ever found again."""
 
 
 def runs_home() -> Path:
@@ -119,20 +129,24 @@ def content_hash(path: str | Path) -> str:
     cache = root / HASH_CACHE
     try:
         cached = json.loads(cache.read_text())
-        if cached.get("files") == stamp:
+        if cached.get("files") == stamp and cached.get("rule") == HASH_RULE:
             return cached["sha256"]
     except (OSError, ValueError, AttributeError):
         pass
     digest = hashlib.sha256()
     for f in files:
         digest.update(str(f.relative_to(root)).encode() + b"\0")
-        with open(f, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        if f.name == INDEX_MANIFEST:
+            manifest = {k: v for k, v in json.loads(f.read_text()).items() if k not in INDEX_PROVENANCE}
+            digest.update(json.dumps(manifest, sort_keys=True).encode())
+        else:
+            with open(f, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
         digest.update(b"\0")
     value = digest.hexdigest()
     with contextlib.suppress(OSError):  # unwritable: hashed again next time
-        write_atomic(cache, (json.dumps({"sha256": value, "files": stamp}) + "\n").encode())
+        write_atomic(cache, (json.dumps({"sha256": value, "files": stamp, "rule": HASH_RULE}) + "\n").encode())
     return value
 
 
@@ -451,10 +465,10 @@ class Experiment:
                 cached = self._store(path, key, result, float(hit.get("seconds", 0.0)))
             else:
                 print(f"[{self.name}] evaluating {stage} on {split} ...", flush=True)
-                result = {**run(), "eval_key": portable_key}
+                result = {**run(), "eval_key": portable_key, "eval_key_rule": HASH_RULE}
                 cached = self._store(path, key, result, time.perf_counter() - started)
-        if "eval_key" not in cached:  # evaluated before eval keys existed
-            cached["eval_key"] = self.eval_key(split, key)
+        if cached.get("eval_key_rule") != HASH_RULE:  # evaluated before eval keys existed, or under another rule
+            cached["eval_key"], cached["eval_key_rule"] = self.eval_key(split, key), HASH_RULE
             write_atomic(path, (json.dumps(cached, indent=1, default=str) + "\n").encode())
         if group is not None:
             cached["group"] = group

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from harness import (  # noqa: E402
+    HASH_RULE,
     Experiment,
     claims,
     content_hash,
@@ -364,6 +365,32 @@ def test_content_hash_is_cached_by_size_and_mtime_and_follows_the_bytes(tmp_path
     assert content_hash(model) != value
     (model / "training_args.bin").write_bytes(b"names the output directory")
     assert content_hash(model) == content_hash(_model(tmp_path / "o", b"abcd"))
+
+
+def test_two_builds_of_one_corpus_hash_alike_wherever_and_whenever_they_were_built(tmp_path: Path) -> None:
+    import time
+
+    from sleuth.retrieval.bm25 import build_bm25_index
+
+    def corpus(where: Path, text: str) -> Path:
+        where.mkdir(parents=True)
+        lines = [{"id": str(i), "contents": f'"Title {i}"\n{text} {i}'} for i in range(5)]
+        (where / "corpus.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return where / "corpus.jsonl"
+
+    build_bm25_index(corpus(tmp_path / "a", "a passage"), tmp_path / "a" / "index")
+    time.sleep(1.1)  # another build time in the manifest
+    build_bm25_index(corpus(tmp_path / "b", "a passage"), tmp_path / "b" / "index")
+    build_bm25_index(corpus(tmp_path / "c", "another passage"), tmp_path / "c" / "index")
+    manifests = [json.loads((tmp_path / d / "index" / "sleuth-index.json").read_text()) for d in "ab"]
+    assert manifests[0]["corpus"] != manifests[1]["corpus"] and manifests[0]["built_at"] != manifests[1]["built_at"]
+    a, b, c = (content_hash(tmp_path / d / "index") for d in "abc")
+    assert a == b and a != c
+    cache = json.loads((tmp_path / "a" / "index" / ".sleuth-sha256.json").read_text())
+    assert cache["rule"] == HASH_RULE
+    cache["sha256"], cache["rule"] = "0" * 64, 1  # a hash cached under the earlier rule is computed again
+    (tmp_path / "a" / "index" / ".sleuth-sha256.json").write_text(json.dumps(cache))
+    assert content_hash(tmp_path / "a" / "index") == a
 
 
 def test_artifacts_are_committed_with_their_hash_and_a_mismatch_is_refused(tmp_path: Path) -> None:
