@@ -86,6 +86,9 @@ HASH_CACHE = ".sleuth-sha256.json"
 
 _MODEL_FILES = (".safetensors", ".bin", ".json", ".model", ".txt", ".jinja")
 
+COMMITTED_RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+"""Where the benchmarks' reports are committed (``docs/results/<benchmark>/``)."""
+
 HASH_RULE = 2
 """The version of what :func:`content_hash` covers, kept with every cached hash and evaluation key (a hash or key
 of another rule is computed again). 2: an index manifest's provenance (``INDEX_PROVENANCE``) is left out."""
@@ -425,14 +428,18 @@ class Experiment:
         return {"split": split, "data": self.data, "settings": portable(json.loads(json.dumps(key, default=str)))}
 
     def committed(self) -> dict[str, dict[str, Any]]:
-        """The evaluations of the committed ``RESULTS/results.json`` that carry an ``eval_key``, by that key."""
+        """The committed evaluations that carry an ``eval_key``, by that key: those of ``RESULTS/results.json``,
+        then of every ``results.json`` under the benchmark's committed results (``docs/results/<name>/``: its
+        diagnosis and sweep runs evaluate the same base and SFT models). An evaluation is a pure function of its key,
+        so where it was committed does not matter."""
         if self._committed is None:
             self._committed = {}
-            path = self.results / "results.json"
-            if path.exists():
+            found = [self.results / "results.json", *sorted((COMMITTED_RESULTS / self.name).rglob("results.json"))]
+            for path in dict.fromkeys(p.resolve() for p in found if p.exists()):
                 for record in _evaluation_records(json.loads(path.read_text())):
                     if "eval_key" in record:
-                        self._committed[json.dumps(record["eval_key"], sort_keys=True)] = record
+                        found_in = {"committed_in": short(path)}
+                        self._committed.setdefault(json.dumps(record["eval_key"], sort_keys=True), record | found_in)
         return self._committed
 
     def evaluate(
@@ -460,8 +467,8 @@ class Experiment:
             hit = self.committed().get(json.dumps(portable_key, sort_keys=True))
             if hit is not None:
                 print(f"[{self.name}] {stage} on {split}: the committed evaluation (same eval_key)", flush=True)
-                result = {k: v for k, v in hit.items() if k not in ("key", "seconds", "ci")}
-                result["from_committed"] = short(self.results / "results.json")
+                result = {k: v for k, v in hit.items() if k not in ("key", "seconds", "ci", "committed_in")}
+                result["from_committed"] = hit["committed_in"]
                 cached = self._store(path, key, result, float(hit.get("seconds", 0.0)))
             else:
                 print(f"[{self.name}] evaluating {stage} on {split} ...", flush=True)

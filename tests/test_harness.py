@@ -356,6 +356,32 @@ def test_a_committed_evaluation_is_read_back_by_model_content_and_settings(tmp_p
     assert calls == ["first", "weights", "setting", "world"]
 
 
+def test_a_committed_evaluation_is_found_in_any_run_of_the_benchmark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import harness
+
+    monkeypatch.setattr(harness, "COMMITTED_RESULTS", tmp_path / "docs")
+    model = _model(tmp_path / "sft", b"weights")
+    diagnosis = Experiment("learn_t", tmp_path / "work-1", tmp_path / "docs" / "learn_t" / "diagnosis")
+    diagnosis.stage("world", {"seed": 0}, lambda: {})
+    sft = diagnosis.evaluate("sft", "test", {"model": str(model)}, lambda: {"per_example": {"em": [1.0, 0.0]}})
+    diagnosis.write({"evaluations": {"test": {"sft": sft}}}, "# t\n")
+
+    def not_again() -> dict:
+        raise AssertionError("evaluated again")
+
+    sweep = Experiment("learn_t", tmp_path / "work-2", tmp_path / "docs" / "learn_t" / "sweep")  # a sibling run
+    sweep.stage("world", {"seed": 0}, lambda: {})
+    again = sweep.evaluate("sft", "test", {"model": str(model)}, not_again)
+    assert again["per_example"]["em"] == [1.0, 0.0] and again["from_committed"].endswith("diagnosis/results.json")
+    other = Experiment("learn_u", tmp_path / "work-3", tmp_path / "docs" / "learn_u")  # another benchmark's runs
+    other.stage("world", {"seed": 0}, lambda: {})
+    assert other.evaluate("sft", "test", {"model": str(model)}, lambda: {"per_example": {"em": [0.0, 0.0]}})[
+        "per_example"
+    ]["em"] == [0.0, 0.0]
+
+
 def test_content_hash_is_cached_by_size_and_mtime_and_follows_the_bytes(tmp_path: Path) -> None:
     model = _model(tmp_path / "m", b"abc")
     value = content_hash(model)
