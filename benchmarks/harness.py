@@ -84,14 +84,29 @@ ARTIFACT_MAX_BYTES = 10 * 2**20
 HASH_CACHE = ".sleuth-sha256.json"
 """The file beside a hashed directory's files that caches :func:`content_hash` (by each file's size and mtime)."""
 
-_MODEL_FILES = (".safetensors", ".bin", ".json", ".model", ".txt", ".jinja")
+#: what a model loader reads from a model directory: weights, configs, tokenizer and chat template (a trainer's own
+#: records beside them, such as ``sft_config.json`` or ``data_summary.json``, name the directories they were written in)
+_MODEL_SUFFIXES = (".safetensors", ".bin", ".model", ".jinja")
+_MODEL_NAMES = (
+    "config.json",
+    "generation_config.json",
+    "adapter_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.json",
+)
 
 COMMITTED_RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 """Where the benchmarks' reports are committed (``docs/results/<benchmark>/``)."""
 
-HASH_RULE = 2
+HASH_RULE = 3
 """The version of what :func:`content_hash` covers, kept with every cached hash and evaluation key (a hash or key
-of another rule is computed again). 2: an index manifest's provenance (``INDEX_PROVENANCE``) is left out."""
+of another rule is computed again). 2: an index manifest's provenance (``INDEX_PROVENANCE``) is left out; 3: of a
+model directory only what a loader reads (a trainer's records in it hold paths)."""
 
 INDEX_PROVENANCE = ("corpus", "built_at")
 """Fields of an index manifest (``sleuth-index.json``) that say where and when it was built, not what it holds: the
@@ -109,13 +124,15 @@ def runs_home() -> Path:
 
 def _hashed_files(root: Path) -> list[Path]:
     """The files whose content :func:`content_hash` covers: of a model directory (``config.json`` or
-    ``adapter_config.json`` in it) its top-level weight, config and tokenizer files (``training_args.bin`` aside: it
-    names the output directory), of any other directory every file below it."""
+    ``adapter_config.json`` in it) its top-level weight, config, tokenizer and chat-template files (``training_args.bin``
+    aside: it names the output directory), of any other directory every file below it."""
     if (root / "config.json").is_file() or (root / "adapter_config.json").is_file():
         return sorted(
             f
             for f in root.iterdir()
-            if f.is_file() and f.suffix in _MODEL_FILES and f.name not in (HASH_CACHE, "training_args.bin")
+            if f.is_file()
+            and (f.suffix in _MODEL_SUFFIXES or f.name in _MODEL_NAMES)
+            and f.name not in (HASH_CACHE, "training_args.bin")
         )
     return sorted(f for f in root.rglob("*") if f.is_file() and f.name != HASH_CACHE)
 

@@ -390,7 +390,11 @@ def test_content_hash_is_cached_by_size_and_mtime_and_follows_the_bytes(tmp_path
     (model / "model.safetensors").write_bytes(b"abcd")
     assert content_hash(model) != value
     (model / "training_args.bin").write_bytes(b"names the output directory")
+    for record in ("sft_config.json", "data_summary.json", "log.jsonl", "README.md"):  # a trainer's own records
+        (model / record).write_text(json.dumps({"output_dir": str(model)}))
     assert content_hash(model) == content_hash(_model(tmp_path / "o", b"abcd"))
+    (model / "tokenizer.json").write_text("{}")  # what a loader reads counts
+    assert content_hash(model) != content_hash(tmp_path / "o")
 
 
 def test_two_builds_of_one_corpus_hash_alike_wherever_and_whenever_they_were_built(tmp_path: Path) -> None:
