@@ -84,8 +84,9 @@ ARTIFACT_MAX_BYTES = 10 * 2**20
 HASH_CACHE = ".sleuth-sha256.json"
 """The file beside a hashed directory's files that caches :func:`content_hash` (by each file's size and mtime)."""
 
-#: what a model loader reads from a model directory: weights, configs, tokenizer and chat template (a trainer's own
-#: records beside them, such as ``sft_config.json`` or ``data_summary.json``, name the directories they were written in)
+#: what a model loader reads from a model directory: weights, configs, tokenizer and chat template (a trainer's
+#: own records beside them, such as ``sft_config.json`` or ``data_summary.json``, name the directories they were
+#: written in)
 _MODEL_SUFFIXES = (".safetensors", ".bin", ".model", ".jinja")
 _MODEL_NAMES = (
     "config.json",
@@ -124,8 +125,8 @@ def runs_home() -> Path:
 
 def _hashed_files(root: Path) -> list[Path]:
     """The files whose content :func:`content_hash` covers: of a model directory (``config.json`` or
-    ``adapter_config.json`` in it) its top-level weight, config, tokenizer and chat-template files (``training_args.bin``
-    aside: it names the output directory), of any other directory every file below it."""
+    ``adapter_config.json`` in it) its top-level weight, config, tokenizer and chat-template files
+    (``training_args.bin`` aside: it names the output directory), of any other directory every file below it."""
     if (root / "config.json").is_file() or (root / "adapter_config.json").is_file():
         return sorted(
             f
