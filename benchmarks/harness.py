@@ -138,6 +138,16 @@ def _hashed_files(root: Path) -> list[Path]:
     return sorted(f for f in root.rglob("*") if f.is_file() and f.name != HASH_CACHE)
 
 
+def _index_content(manifest: Path) -> dict[str, Any] | None:
+    """An index manifest without its provenance (``INDEX_PROVENANCE``); None when the file is not a JSON object (it
+    is then hashed byte for byte, like any other file)."""
+    try:
+        data = json.loads(manifest.read_bytes())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return {k: v for k, v in data.items() if k not in INDEX_PROVENANCE} if isinstance(data, dict) else None
+
+
 def content_hash(path: str | Path) -> str:
     """sha256 of a file's bytes, or of a directory's files (:func:`_hashed_files`: names and bytes), cached for a
     directory in ``HASH_CACHE`` beside them, keyed by each file's size and mtime (a changed file is hashed again;
@@ -157,8 +167,8 @@ def content_hash(path: str | Path) -> str:
     digest = hashlib.sha256()
     for f in files:
         digest.update(str(f.relative_to(root)).encode() + b"\0")
-        if f.name == INDEX_MANIFEST:
-            manifest = {k: v for k, v in json.loads(f.read_text()).items() if k not in INDEX_PROVENANCE}
+        manifest = _index_content(f) if f.name == INDEX_MANIFEST else None
+        if manifest is not None:
             digest.update(json.dumps(manifest, sort_keys=True).encode())
         else:
             with open(f, "rb") as handle:

@@ -421,6 +421,9 @@ def test_two_builds_of_one_corpus_hash_alike_wherever_and_whenever_they_were_bui
     cache["sha256"], cache["rule"] = "0" * 64, 1  # a hash cached under the earlier rule is computed again
     (tmp_path / "a" / "index" / ".sleuth-sha256.json").write_text(json.dumps(cache))
     assert content_hash(tmp_path / "a" / "index") == a
+    for broken in ("{not json", "[1, 2]", "\udcff"):  # a malformed manifest is hashed as bytes, never a crash
+        (tmp_path / "c" / "index" / "sleuth-index.json").write_text(broken, errors="surrogateescape")
+        assert content_hash(tmp_path / "c" / "index") not in (a, c)
 
 
 def test_artifacts_are_committed_with_their_hash_and_a_mismatch_is_refused(tmp_path: Path) -> None:
