@@ -261,7 +261,7 @@ from pathlib import Path
 
 import torch
 
-from sleuth.train.online_rl import DataParallel, RLConfig, _Models
+from sleuth.train.online_rl import DataParallel, RLConfig, _Models, close_process_group
 
 path, out = Path(sys.argv[1]), Path(sys.argv[2])
 dist = DataParallel()
@@ -280,6 +280,7 @@ with models.gathered_policy():
         base = models.policy.generate(input_ids=ids, **greedy)[0].tolist()
 out.mkdir(parents=True, exist_ok=True)
 (out / f"{dist.rank}.json").write_text(json.dumps({"tuned": tuned, "base": base}))
+close_process_group()  # what train_online ends with: left to interpreter teardown, gloo aborts a process now and then
 """
 
 
