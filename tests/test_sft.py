@@ -452,8 +452,8 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tiny_model_dir: Pat
 
     class StopAt(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
-            if state.global_step == 2:
-                control.should_training_stop = True  # as if killed after the step-2 checkpoint was written
+            if state.global_step == 3:
+                control.should_training_stop = True  # as if killed after step 3, one step past checkpoint-2
             return control
 
     out = tmp_path / "out"
@@ -462,6 +462,8 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tiny_model_dir: Pat
 
     train_sft(config, callbacks=[StopAt()])
     assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
+    logged = [e["step"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in e]
+    assert logged == [1, 2, 3]
     cfg = tmp_path / "sft.json"
     from sleuth.train.config import to_mapping
 
@@ -470,4 +472,5 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tiny_model_dir: Pat
     state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4
     steps = [e["step"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in e]
-    assert steps == [1, 2, 3, 4]  # the second run continued at step 3, it did not start over
+    # the second run continued at step 3, it did not start over; step 3 is trained again and logged once
+    assert steps == [1, 2, 3, 4]
