@@ -115,6 +115,13 @@ corpus path differs per checkout, the time per build, and the passages themselve
 With them two builds of one corpus never had the same hash, so no committed evaluation was ever found again."""
 
 
+_OFFLINE_FLAG = (b'"local_files_only": true', b'"local_files_only": false')
+"""transformers writes ``local_files_only`` into a saved ``tokenizer_config.json`` from ``HF_HUB_OFFLINE``: a loader
+flag, not content. A model saved offline hashes as the one saved online (the H100 run, offline, converted SmolLM2
+to a directory whose hash differed from the 2-core machine's in that line); the bytes of a directory saved online are
+hashed unchanged, so the rule (``HASH_RULE``) and every committed key stay as they were."""
+
+
 def runs_home() -> Path:
     """Where the benchmarks' working directories live by default: ``$SLEUTH_RUNS``, else ``$SLEUTH_HOME/runs``."""
     from sleuth.assets import sleuth_home
@@ -170,6 +177,8 @@ def content_hash(path: str | Path) -> str:
         manifest = _index_content(f) if f.name == INDEX_MANIFEST else None
         if manifest is not None:
             digest.update(json.dumps(manifest, sort_keys=True).encode())
+        elif f.name == "tokenizer_config.json":
+            digest.update(f.read_bytes().replace(*_OFFLINE_FLAG))
         else:
             with open(f, "rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):

@@ -426,6 +426,19 @@ def test_two_builds_of_one_corpus_hash_alike_wherever_and_whenever_they_were_bui
         assert content_hash(tmp_path / "c" / "index") not in (a, c)
 
 
+def test_a_model_saved_offline_hashes_as_the_one_saved_online(tmp_path: Path) -> None:
+    """transformers writes HF_HUB_OFFLINE into a saved tokenizer_config.json as local_files_only: the same model
+    saved on a machine without a network hashed differently before, and its committed evaluations were missed."""
+    text = '{\n  "model_max_length": 8192,\n  "local_files_only": %s,\n  "pad_token": "<pad>"\n}\n'
+    online, offline = _model(tmp_path / "on", b"w"), _model(tmp_path / "off", b"w")
+    (online / "tokenizer_config.json").write_text(text % "false")
+    (offline / "tokenizer_config.json").write_text(text % "true")
+    assert content_hash(online) == content_hash(offline)
+    other = _model(tmp_path / "other", b"w")
+    (other / "tokenizer_config.json").write_text((text % "false").replace("<pad>", "<eos>"))
+    assert content_hash(other) != content_hash(online)  # the rest of the file is content
+
+
 def test_artifacts_are_committed_with_their_hash_and_a_mismatch_is_refused(tmp_path: Path) -> None:
     adapter = tmp_path / "adapter"
     adapter.mkdir()
