@@ -122,6 +122,10 @@ to a directory whose hash differed from the 2-core machine's in that line); the 
 hashed unchanged, so the rule (``HASH_RULE``) and every committed key stay as they were."""
 
 
+TIE_BREAKS = ("earliest", "fewest_changed")
+"""How :meth:`Experiment.choose` breaks a tie on dev."""
+
+
 def runs_home() -> Path:
     """Where the benchmarks' working directories live by default: ``$SLEUTH_RUNS``, else ``$SLEUTH_HOME/runs``."""
     from sleuth.assets import sleuth_home
@@ -553,11 +557,15 @@ class Experiment:
         metric: str,
         group: str | None = None,
         test: dict[str, dict[str, Any]] | None = None,
+        reference: str | None = None,
     ) -> list[dict]:
         """Add this run's settings and its dev-split ``metric`` per stage to ``RESULTS/trials.json`` (``group``:
         the settings compared with each other by :meth:`choose`); all entries (trials, then recorded choices).
         ``test``: the trial's test evaluations, once allowed, so that every tried setting's test value is listed
-        beside its dev value, chosen or not (a later record without them keeps the earlier ones)."""
+        beside its dev value, chosen or not (a later record without them keeps the earlier ones). ``reference``: a
+        stage in ``dev`` (the model the trials start from): each stage's count of dev questions whose ``metric``
+        differs from it is recorded as ``dev_changed`` (the size of the update, :meth:`choose`'s
+        ``fewest_changed`` tie-break)."""
         entries = self._trials_file()
         entry = {
             "id": key_hash(settings),
@@ -568,6 +576,13 @@ class Experiment:
             **({"group": group} if group is not None else {}),
             "at": _now(),
         }
+        if reference is not None:
+            base = dev[reference]["per_example"][metric]
+            entry["dev_changed"] = {
+                stage: sum(a != b for a, b in zip(e["per_example"][metric], base, strict=True))
+                for stage, e in dev.items()
+                if stage != reference
+            }
         if test:
             entry["test"] = {stage: round(100 * e["ci"][metric]["mean"], 1) for stage, e in test.items()}
             entry["test_n"] = max(self.n(e) for e in test.values())
@@ -583,17 +598,36 @@ class Experiment:
         write_atomic(self.results / "trials.json", (json.dumps(entries, indent=1) + "\n").encode())
         return entries
 
-    def choose(self, group: str, stage: str, higher_is_better: bool = True) -> dict[str, Any]:
+    def choose(
+        self, group: str, stage: str, higher_is_better: bool = True, tie_break: str = "earliest"
+    ) -> dict[str, Any]:
         """The rule that picks a setting on dev: of the trials of ``group`` (``record_trial``'s ``group``), the one
-        with the best dev value of ``stage`` (its recorded metric; ties: the earliest recorded). The choice is
+        with the best dev value of ``stage`` (its recorded metric). Ties: ``earliest``, the earliest recorded;
+        ``fewest_changed``, the smallest update (fewest dev questions changed from ``record_trial``'s reference, then
+        the earliest): among settings that dev cannot tell apart, the one that moved the starting model least (the
+        mDPO lr sweep's tie at 29.0 was between 29 and 7 changed questions). The choice, with its tie-break, is
         appended to ``trials.json`` with a timestamp (unless the same choice among the same trials is there), and
         from then on test evaluations of the group are allowed (:meth:`evaluate`). Returns the choice."""
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"tie_break={tie_break!r}; expected one of {TIE_BREAKS}")
         entries = self._trials_file()
         candidates = [t for t in entries if "settings" in t and t.get("group") == group and stage in t["dev"]]
         if not candidates:
             raise SystemExit(f"[{self.name}] choose {group!r}: no trial of the group has a dev value of {stage!r}")
+        if tie_break == "fewest_changed":
+            unmeasured = [t["id"] for t in candidates if stage not in t.get("dev_changed", {})]
+            if unmeasured:
+                raise SystemExit(
+                    f"[{self.name}] choose {group!r} by fewest_changed: trials {unmeasured} have no dev_changed "
+                    f"for {stage!r} (record_trial(..., reference=...))"
+                )
         sign = 1 if higher_is_better else -1
-        best = max(candidates, key=lambda t: (sign * t["dev"][stage], -candidates.index(t)))
+
+        def rank(t: dict[str, Any]) -> tuple[float, float, int]:
+            changed = t["dev_changed"][stage] if tie_break == "fewest_changed" else 0
+            return (sign * t["dev"][stage], -changed, -candidates.index(t))
+
+        best = max(candidates, key=rank)
         choice = {
             "choice": group,
             "id": best["id"],
@@ -603,8 +637,14 @@ class Experiment:
             "dev": best["dev"][stage],
             "among": [t["id"] for t in candidates],
         }
+        if tie_break != "earliest":  # a choice recorded before tie-breaks were named was by the earliest
+            choice["tie_break"] = tie_break
         for old in entries:
-            if "choice" in old and {k: old.get(k) for k in choice} == choice:
+            if (
+                "choice" in old
+                and {k: old.get(k) for k in choice} == choice
+                and (old.get("tie_break", "earliest") == tie_break)
+            ):
                 return old
         choice["at"] = _now()
         write_atomic(self.results / "trials.json", (json.dumps([*entries, choice], indent=1) + "\n").encode())

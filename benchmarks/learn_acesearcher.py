@@ -573,6 +573,13 @@ def main() -> None:
         help="with --group: first record the group's dev choice (Experiment.choose: the best dev EM of the last "
         "mDPO stage among the recorded trials), then evaluate this setting on test",
     )
+    parser.add_argument(
+        "--tie-break",
+        choices=("earliest", "fewest-changed"),
+        default="earliest",
+        help="with --choose: a dev tie goes to the earliest recorded trial, or to the smallest update (fewest dev "
+        "questions changed from SFT; declare it before the sweep's first trial)",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--index", default="", help="retriever spec (default: BM25 over the world's corpus)")
     parser.add_argument(
@@ -733,12 +740,12 @@ def main() -> None:
     settings_record |= {"agent": dataclasses.asdict(agent), "llm_options": args.llm_options, "engine": args.engine}
     trial = {k: v for k, v in settings_record.items() if k != "agent"}
     if args.group:  # the setting is a trial of the group: its dev values are recorded before any test evaluation
-        trials = exp.record_trial(trial, evaluations["dev"], "em", group=args.group)
+        trials = exp.record_trial(trial, evaluations["dev"], "em", group=args.group, reference="sft")
         if args.dev_only:
             print(f"[{exp.name}] trial of {args.group!r} recorded on dev: {exp.results / 'trials.json'}", flush=True)
             return
         if args.choose:
-            exp.choose(args.group, f"mdpo-{s['iterations']}")
+            exp.choose(args.group, f"mdpo-{s['iterations']}", tie_break=args.tie_break.replace("-", "_"))
         for stage, model, same_as in held_back:
             measure(stage, model, same_as, ("test",))
         evaluations["test"] = {k: evaluations["test"][k] for k in ("base", "sft", *[h[0] for h in held_back])}
@@ -748,7 +755,7 @@ def main() -> None:
     # rollouts_from says where samples could be reused from, not what was trained (a stage that sampled its own, or
     # a cached one, also gets it): what each iteration reused is in its stats (``rollouts_reused_from``)
     tested = {k: v for k, v in evaluations["test"].items() if k.startswith("mdpo")}
-    trials = exp.record_trial(trial, evaluations["dev"], "em", group=args.group, test=tested)
+    trials = exp.record_trial(trial, evaluations["dev"], "em", group=args.group, test=tested, reference="sft")
     results = {
         "smoke": args.smoke,
         "test_questions": len(splits["test"]),

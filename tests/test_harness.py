@@ -530,6 +530,29 @@ def test_test_evaluations_of_a_group_wait_for_its_recorded_dev_choice(tmp_path: 
     assert exp.choose("rl", "rl", higher_is_better=False)["id"] == key_hash({"lr": 1})
 
 
+def test_a_dev_tie_goes_to_the_smallest_update_when_that_rule_is_named(tmp_path: Path) -> None:
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+
+    def ev(stage: str, values: list[int]) -> dict:
+        return exp.evaluate(stage, "dev", {"m": stage}, lambda: {"per_example": {"em": values}})
+
+    sft = ev("sft", [1, 1, 0, 0, 1, 0])
+    big = ev("big", [0, 0, 1, 1, 1, 0])  # 3 of 6 right, 4 questions changed from SFT
+    small = ev("small", [1, 1, 0, 0, 0, 1])  # 3 of 6 right too, 2 changed
+    exp.record_trial({"lr": 20}, {"sft": sft, "mdpo": big}, "em", group="lr", reference="sft")
+    trials = exp.record_trial({"lr": 2}, {"sft": sft, "mdpo": small}, "em", group="lr", reference="sft")
+    assert [t["dev_changed"] for t in trials] == [{"mdpo": 4}, {"mdpo": 2}]
+    assert exp.choose("lr", "mdpo")["id"] == key_hash({"lr": 20})  # the default: the earliest of the tie
+    choice = exp.choose("lr", "mdpo", tie_break="fewest_changed")
+    assert choice["id"] == key_hash({"lr": 2}) and choice["tie_break"] == "fewest_changed"
+    assert exp.choose("lr", "mdpo", tie_break="fewest_changed") == choice  # recorded once
+    with pytest.raises(ValueError, match="tie_break"):
+        exp.choose("lr", "mdpo", tie_break="smallest")
+    exp.record_trial({"lr": 5}, {"sft": sft, "mdpo": small}, "em", group="lr")  # no reference: no dev_changed
+    with pytest.raises(SystemExit, match="dev_changed"):
+        exp.choose("lr", "mdpo", tie_break="fewest_changed")
+
+
 def test_noise_floor_perturbs_each_tensor_by_the_update_s_norm(tmp_path: Path, tiny_model_dir: Path) -> None:
     import torch
     from noise_floor import WEIGHTS, perturbed, update_norms, versus
