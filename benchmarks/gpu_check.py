@@ -195,9 +195,12 @@ def part_generate(settings: Settings, workdir: Path) -> PartResult:
     async def generate() -> list[Any]:
         await llm.generate(requests[:2], Sampling(max_new_tokens=4))  # warm-up (CUDA kernels, allocator)
         _peak_memory_reset()
+        calls = llm.stats.calls
         t0 = time.perf_counter()
         out = await llm.generate(requests, sampling)
         timing["seconds"] = time.perf_counter() - t0
+        timing["calls"] = llm.stats.calls - calls
+        timing.update(_raw_generate(llm, requests, settings.max_new_tokens))
         await llm.aclose()
         return out
 
@@ -206,6 +209,7 @@ def part_generate(settings: Settings, workdir: Path) -> PartResult:
     tokens = sum(sum(g.completion_tokens) for g in generations)
     prompt_tokens = sum(g.prompt_tokens for g in generations)
     describe = llm.describe()
+    longest = max((max(g.completion_tokens, default=0) for g in generations), default=0)
     return PartResult(
         name="generate",
         tokens=tokens,
@@ -214,10 +218,50 @@ def part_generate(settings: Settings, workdir: Path) -> PartResult:
             "prompts": settings.prompts,
             "max_new_tokens": settings.max_new_tokens,
             "prompt_tokens": prompt_tokens,
+            # what a decoding step costs through sleuth's backend (its generate calls run one after another) and
+            # through a bare transformers generate of the same batch, forced to the same length: which one is slow
+            "generate_calls": timing["calls"],
+            "seconds_per_step": round(seconds / max(1, longest * timing["calls"]), 4),
+            "raw_seconds_per_step": timing["raw_seconds_per_step"],
             "backend": describe,
             "peak_gib": _peak_memory_gib(),
         },
     )
+
+
+def _raw_generate(llm: Any, requests: list[Any], new_tokens: int) -> dict[str, float]:
+    """One bare ``model.generate`` of all the prompts (greedy, left-padded, no logits processor or stopping rule,
+    ``min_new_tokens`` = ``new_tokens``): seconds per decoding step without sleuth's backend around it."""
+    import torch
+
+    rows = [llm.encode_prompt(r.messages) for r in requests]
+    width, pad = max(len(r) for r in rows), llm.tokenizer.pad_token_id
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
+    kwargs = {"do_sample": False, "pad_token_id": pad, "temperature": None, "top_p": None, "top_k": None}
+    with torch.inference_mode():
+        ids, mask = ids.to(llm.device), mask.to(llm.device)
+        _synchronize(llm.device)
+        t0 = time.perf_counter()
+        llm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, **kwargs)
+        _synchronize(llm.device)
+        prefill = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        llm.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs
+        )
+        _synchronize(llm.device)
+        total = time.perf_counter() - t0
+    return {"raw_seconds_per_step": round((total - prefill) / max(1, new_tokens - 1), 4)}
+
+
+def _synchronize(device: Any) -> None:
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.synchronize()
 
 
 def part_sft(settings: Settings, workdir: Path) -> PartResult:
