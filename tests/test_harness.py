@@ -661,3 +661,36 @@ def test_world_pilot_reads_mdpo_groups_from_sampled_runs() -> None:
     assert signal["variance"] == signal["solver_variance"] == pytest.approx(0.25 / 3)
     assert signal["decomposition_groups"] == 1 and signal["decomposition_spread"] == 1.0
     assert signal["pairs"]["total"] == 3 and signal["pairs_per_question"] == 3.0
+
+
+def test_fresh_worlds_declares_first_then_evaluates_each_world_and_refuses_another_declaration(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """benchmarks/fresh_worlds.py end to end on the tiny model (hf engine): real worlds, BM25 indexes and
+    generation; the declaration is written before any evaluation and a changed one is refused."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fresh_worlds.py"
+    source = Path(__file__).resolve().parents[1] / "docs" / "results" / "learn_acesearcher" / "lr_sweep"
+    results = tmp_path / "results"
+
+    def run(claim: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        args = [sys.executable, str(script), "--source", str(source), "--before", f"sft={tiny_model_dir}"]
+        args += ["--after", f"mdpo-1={tiny_model_dir}", "--claim", claim, "--results", str(results)]
+        args += ["--work", str(tmp_path / "work"), "--seeds", "1", "2", "--questions", "2", "--engine", "hf", *extra]
+        return subprocess.run(args, capture_output=True, text=True, timeout=600)
+
+    done = run("trained > start", "--declare-only")
+    assert done.returncode == 0, done.stderr[-3000:]
+    declared = json.loads((results / "declaration.json").read_text())
+    assert [w["seed"] for w in declared["worlds"]] == [1, 2] and declared["questions_per_world"] == 2
+    assert not (results / "results.json").exists() and not (tmp_path / "work" / "eval").exists()
+    done = run("trained > start")
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((results / "results.json").read_text())
+    assert written["test_questions"] == 4 and set(written["worlds"]) == {"sft@1", "sft@2", "mdpo-1@1", "mdpo-1@2"}
+    assert [c["name"] for c in written["claims"]] == ["trained > start"] and written["claims"][0]["n"] == 4
+    corpora = {(tmp_path / "work" / f"world-{s}" / "corpus.jsonl").read_text() for s in (1, 2)}
+    assert len(corpora) == 2  # two worlds, not one twice
+    refused = run("another claim")
+    assert refused.returncode != 0 and "declares another test" in refused.stderr
