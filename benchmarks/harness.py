@@ -605,7 +605,7 @@ class Experiment:
         with the best dev value of ``stage`` (its recorded metric). Ties: ``earliest``, the earliest recorded;
         ``fewest_changed``, the smallest update (fewest dev questions changed from ``record_trial``'s reference, then
         the earliest): among settings that dev cannot tell apart, the one that moved the starting model least (the
-        mDPO lr sweep's tie at 29.0 was between 29 and 7 changed questions). The choice, with its tie-break, is
+        mDPO lr sweep's tie at 29.0 was between 24 and 4 changed dev questions). The choice, with its tie-break, is
         appended to ``trials.json`` with a timestamp (unless the same choice among the same trials is there), and
         from then on test evaluations of the group are allowed (:meth:`evaluate`). Returns the choice."""
         if tie_break not in TIE_BREAKS:
