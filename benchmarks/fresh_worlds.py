@@ -70,11 +70,18 @@ def declaration(args: argparse.Namespace, source: dict[str, Any], models: dict[s
     }
 
 
+def tested(declared: dict[str, Any]) -> dict[str, Any]:
+    """What a declaration fixes: claim, rule, worlds, agent, engine and the models by content; not where the files
+    lie (another checkout or machine with the same models runs the same test) nor when it was declared."""
+    fixed = {k: v for k, v in declared.items() if k not in ("declared_at", "commit", "source", "models")}
+    return {**fixed, "models": {stage: m["sha256"] for stage, m in declared["models"].items()}}
+
+
 def declare(path: Path, declared: dict[str, Any]) -> dict[str, Any]:
     """Write the declaration once; refuse another one (the models, worlds and claim are fixed before evaluation)."""
     if path.exists():
         old = json.loads(path.read_text())
-        if {k: v for k, v in old.items() if k not in ("declared_at", "commit")} != declared:
+        if tested(old) != tested(declared):
             raise SystemExit(f"{path} declares another test; a confirmation cannot change once declared")
         return old
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()

@@ -694,3 +694,11 @@ def test_fresh_worlds_declares_first_then_evaluates_each_world_and_refuses_anoth
     assert len(corpora) == 2  # two worlds, not one twice
     refused = run("another claim")
     assert refused.returncode != 0 and "declares another test" in refused.stderr
+    import shutil
+
+    moved = shutil.copytree(tiny_model_dir, tmp_path / "elsewhere")  # the same model in another place: same test
+    args = [sys.executable, str(script), "--source", str(source), "--before", f"sft={moved}"]
+    args += ["--after", f"mdpo-1={moved}", "--claim", "trained > start", "--results", str(results), "--declare-only"]
+    args += ["--work", str(tmp_path / "work"), "--seeds", "1", "2", "--questions", "2", "--engine", "hf"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
