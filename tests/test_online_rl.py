@@ -637,6 +637,7 @@ class _LoraServer:
         self.events: list[tuple[str, str, int]] = []  # (endpoint, name, status)
         self.completions: list[str] = []  # model name of each completion request
         self.run_ids: set[str] = set()  # ServedPolicy's per-run id in the adapter names
+        self.per_prompt: dict[str, int] = {}
         self.lock = threading.Lock()
         state = self
 
@@ -686,7 +687,11 @@ class _LoraServer:
                 if body["model"] not in self.loaded:
                     return 404, {"error": {"message": f"The model `{body['model']}` does not exist."}}
                 self.completions.append(body["model"])
-                text = "Ann" if len(self.completions) % 2 else "Bob"
+                # alternate per prompt, not per arrival: a group's samples of one question arrive interleaved with the
+                # other group's, and by arrival order a group could get all "Ann" (no variance, no update)
+                prompt = json.dumps(body.get("messages") or body.get("prompt"), sort_keys=True)
+                self.per_prompt[prompt] = self.per_prompt.get(prompt, 0) + 1
+                text = "Ann" if self.per_prompt[prompt] % 2 else "Bob"
                 choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
                 if path.endswith("/chat/completions"):
                     choice["message"] = {"role": "assistant", "content": text}
