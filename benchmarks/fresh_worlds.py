@@ -45,12 +45,9 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 def agent_from(settings: dict[str, Any]) -> Any:
     """The source run's greedy agent (its ``results.json`` ``settings.agent``)."""
     from sleuth.agents.acesearcher import AceSearcherConfig
-    from sleuth.llm import Sampling
+    from sleuth.train.config import from_mapping
 
-    agent = dict(settings["agent"])
-    sampling = dict(agent.pop("sampling"))
-    sampling["stop"] = tuple(sampling.get("stop") or ())
-    return AceSearcherConfig(**agent, sampling=Sampling(**sampling))
+    return from_mapping(AceSearcherConfig, settings["agent"], source="settings.agent")
 
 
 def declaration(args: argparse.Namespace, source: dict[str, Any], models: dict[str, Path]) -> dict[str, Any]:

@@ -474,3 +474,15 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tiny_model_dir: Pat
     steps = [e["step"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in e]
     # the second run continued at step 3, it did not start over; step 3 is trained again and logged once
     assert steps == [1, 2, 3, 4]
+
+
+def test_trim_log_keeps_the_steps_through_the_checkpoint_and_drops_a_line_cut_by_the_kill(tmp_path: Path) -> None:
+    from sleuth.train.common import trim_log
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "loss": 1.2}\n{"step": 4, "lo')
+    assert [r["step"] for r in trim_log(log, 2, write=False)] == [1, 2]
+    assert log.read_text().endswith('"lo')  # write=False leaves the file to the writing process
+    assert [r["step"] for r in trim_log(log, 3)] == [1, 2, 3]
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3]
+    assert trim_log(tmp_path / "absent.jsonl", 5) == []

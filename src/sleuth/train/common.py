@@ -438,3 +438,23 @@ def evaluate_dev(
         "per_example_em": em,
         "per_example_f1": f1,
     }
+
+
+def trim_log(path: Path, through: int, write: bool = True) -> list[dict[str, Any]]:
+    """The records of a JSONL step log (``{"step": int, ...}`` per line) up to step ``through``, the last step a
+    resumed run keeps (its checkpoint's): a killed run's later steps are trained again and would otherwise appear
+    twice in the curve. A line cut off by the kill (or any line that is not such a record) is dropped. ``write``:
+    rewrite the file with the kept lines (the writing process only)."""
+    if not path.exists():
+        return []
+    kept: list[dict[str, Any]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= through:
+            kept.append(record)
+    if write:
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    return kept

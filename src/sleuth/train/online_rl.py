@@ -97,7 +97,7 @@ from typing import Any, Literal
 
 from sleuth.agents import Context
 from sleuth.records import Example, Trace
-from sleuth.train.common import TrainConfig, resolve_model
+from sleuth.train.common import TrainConfig, resolve_model, trim_log
 
 __all__ = ["DataParallel", "Episode", "RLConfig", "Task", "train_online"]
 
@@ -1303,12 +1303,6 @@ def _plot(log: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def _read_log(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def train_online(config: RLConfig, task: Task, examples: list[Example], log_name: str = "rl") -> dict[str, Any]:
     """Run ``config.steps`` RL steps of ``task`` over ``examples`` (module doc); resumable; returns the summary."""
     import torch
@@ -1330,9 +1324,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     resume = checkpoint if (checkpoint / "state.json").exists() else None
     start = json.loads((checkpoint / "state.json").read_text())["step"] if resume else 0
     log_path = out / LOG_FILE
-    log = [r for r in _read_log(log_path) if r["step"] < start]  # steps after the checkpoint are redone
-    if dist.main:
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in log))
+    log = trim_log(log_path, start - 1, write=dist.main)  # steps after the checkpoint are redone
     random.seed(config.seed + start)
     torch.manual_seed(config.seed + start)
     base = resolve_model(config.model)

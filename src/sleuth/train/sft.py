@@ -70,7 +70,7 @@ from sleuth.agents.acesearcher import (
 )
 from sleuth.agents.acesearcher_doc import AceSearcherDocConfig
 from sleuth.records import Passage
-from sleuth.train.common import HFTrainConfig, peft_lora_config, training_arguments
+from sleuth.train.common import HFTrainConfig, peft_lora_config, training_arguments, trim_log
 from sleuth.train.config import ConfigError, load_config, to_mapping
 from sleuth.train.sft_records import (
     Skip,
@@ -554,22 +554,6 @@ def _log_callback(path: Path) -> Any:
     return JsonlLog()
 
 
-def _trim_log(path: Path, step: int) -> None:
-    """Keep the log lines of steps up to ``step``, the checkpoint a run resumes from (0: a fresh start): the steps a
-    killed run logged after its last checkpoint are trained again, and would otherwise appear twice in the curve."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut off by the kill
-        if isinstance(entry, dict) and isinstance(entry.get("step"), int) and entry["step"] <= step:
-            kept.append(line + "\n")
-    path.write_text("".join(kept), encoding="utf-8")
-
-
 def last_checkpoint(output_dir: str | Path) -> str | None:
     """The newest complete ``checkpoint-N`` directory in ``output_dir`` (one with its trainer state), or None."""
     root = Path(output_dir)
@@ -699,7 +683,7 @@ def train_sft(config: SFTConfig, callbacks: Sequence[Any] = ()) -> Path:
         print_summary(summary)
     resume = last_checkpoint(out) if config.resume else None
     if trainer.is_world_process_zero():
-        _trim_log(out / LOG_FILE, int(Path(resume).name.rpartition("-")[2]) if resume else 0)
+        trim_log(out / LOG_FILE, int(Path(resume).name.rpartition("-")[2]) if resume else 0)
     trainer.train(resume_from_checkpoint=resume)
     save_final(trainer, config)
     return out
