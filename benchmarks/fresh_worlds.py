@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (  # noqa: E402  (the benchmarks directory is not a package)
-    REPO,
     Experiment,
     ModelServer,
-    _now,
     bootstrap_ci,
     content_hash,
+    declare,
     difference_table,
     runs_home,
     stage_table,
@@ -74,20 +72,6 @@ def tested(declared: dict[str, Any]) -> dict[str, Any]:
     return {**fixed, "models": {stage: m["sha256"] for stage, m in declared["models"].items()}}
 
 
-def declare(path: Path, declared: dict[str, Any]) -> dict[str, Any]:
-    """Write the declaration once; refuse another one (the models, worlds and claim are fixed before evaluation)."""
-    if path.exists():
-        old = json.loads(path.read_text())
-        if tested(old) != tested(declared):
-            raise SystemExit(f"{path} declares another test; a confirmation cannot change once declared")
-        return old
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    record = {**declared, "declared_at": _now(), "commit": commit}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    return record
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", required=True, help="a learn_acesearcher results directory (its settings)")
@@ -111,7 +95,7 @@ def main() -> None:
     args.engine = auto_engine(args.engine)
     source = json.loads((Path(args.source) / "results.json").read_text())
     models = {name: Path(path).expanduser() for name, path in (s.split("=", 1) for s in (args.before, args.after))}
-    declared = declare(args.results / "declaration.json", declaration(args, source, models))
+    declared = declare(args.results / "declaration.json", declaration(args, source, models), tested)
     print(f"declared: {declared['claim']['name']} on {len(args.seeds)} fresh worlds", flush=True)
     if args.declare_only:
         return

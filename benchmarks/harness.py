@@ -53,6 +53,7 @@ import os
 import platform
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -693,6 +694,25 @@ class Experiment:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def declare(
+    path: Path, declared: dict[str, Any], fixed: Callable[[dict[str, Any]], Any] = lambda d: d
+) -> dict[str, Any]:
+    """A confirmation's declaration, written once before any evaluation (with the time and the commit): the claim,
+    the rule and what is tested. A later run whose ``fixed(declaration)`` differs from the stored one's is refused, so
+    what a confirmation tests cannot change once evaluation has begun; ``fixed`` drops what may differ (where the
+    files lie). Returns the stored declaration."""
+    if path.exists():
+        old = json.loads(path.read_text())
+        if fixed(old) != fixed(json.loads(json.dumps(declared, default=str))):
+            raise SystemExit(f"{path} declares another test; a confirmation cannot change once declared")
+        return old
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    record = {**declared, "declared_at": _now(), "commit": commit}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(record, indent=1, default=str) + "\n").encode())
+    return record
 
 
 def compare(before: Sequence[float], after: Sequence[float], seed: int = 0) -> dict[str, Any]:

@@ -65,6 +65,7 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     Experiment,
     base_model,
     continue_online_rl,
+    declare,
     difference_table,
     online_rl_result,
     parse_sized,
@@ -109,16 +110,33 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the run, grouped by the stage that reads it (a group is that stage's part of its key).
     ``--smoke`` fixes the sizes but keeps the learning rates and the seed given (to try resumption)."""
     if args.smoke:
-        sizes = {"test": 2, "dev": 2, "train": 4, "steps": 1, "prompts": 2, "group": 2, "tokens": 8}
+        sizes = {
+            "test": 2,
+            "dev": min(args.dev_questions, 2),
+            "train": 4,
+            "steps": 1,
+            "prompts": 2,
+            "group": 2,
+            "tokens": 8,
+        }
         sizes["warmup"] = min(args.format_warmup, 4)
     else:
         sizes = {"test": args.test_questions, "dev": args.dev_questions, "train": args.train_questions}
         sizes.update(steps=args.steps, prompts=args.prompts, group=args.group, tokens=160)
         sizes["warmup"] = args.format_warmup
-    if sizes["test"] > DEV_OFFSET or sizes["dev"] > 200 - DEV_OFFSET:
-        raise SystemExit(f"--test-questions and --dev-questions are at most {DEV_OFFSET} per dev file (200 each)")
+    if args.test_start + sizes["test"] > DEV_OFFSET or sizes["dev"] > 200 - DEV_OFFSET:
+        raise SystemExit(
+            f"the test slice (--test-start + --test-questions) ends at question {DEV_OFFSET} of each dev file and "
+            f"--dev-questions is at most {200 - DEV_OFFSET} (the dev files hold 200 questions each)"
+        )
     return {
-        "eval": {"test_per_file": sizes["test"], "dev_per_file": sizes["dev"], "dev_offset": DEV_OFFSET},
+        "eval": {
+            "test_per_file": sizes["test"],
+            "dev_per_file": sizes["dev"],
+            "dev_offset": DEV_OFFSET,
+            # keyed only when set, so the runs before the option keep their keys
+            **({"test_start": args.test_start} if args.test_start else {}),
+        },
         "agent": {"max_new_tokens": sizes["tokens"], "max_references": args.max_references},
         "warmup": {"questions": sizes["warmup"], "lr": args.warmup_lr, "after": sizes["train"]},
         "grpo": {
@@ -134,6 +152,21 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             **({"accuracy": args.accuracy} if args.accuracy != "em" else {}),
         },
     }
+
+
+def declaration(settings: dict[str, Any], seed: int) -> dict[str, Any]:
+    """What a confirmation run fixes before it evaluates anything: the claims, the rule and every setting."""
+    return {
+        "claims": CLAIMS,
+        "rule": "harness.claims: one-sided exact test on the test split's questions where the two stages differ, "
+        "shown at p < 0.05 on >= 100 questions",
+        "settings": settings,
+        "seed": seed,
+    }
+
+
+def fixed_part(declared: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in declared.items() if k not in ("declared_at", "commit")}
 
 
 def slice_questions(files: list[str], start: int, count: int) -> list[Any]:
@@ -240,7 +273,21 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="work dir (default $SLEUTH_HOME/runs/learn-arena)")
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--test-questions", type=int, default=34, help="held-out questions per dev file (reported)")
-    parser.add_argument("--dev-questions", type=int, default=34, help="per dev file, from its 101st question")
+    parser.add_argument(
+        "--test-start", type=int, default=0, help="the test slice starts at this question of each dev file"
+    )
+    parser.add_argument(
+        "--dev-questions", type=int, default=34, help="per dev file, from its 101st question (0: no dev split)"
+    )
+    parser.add_argument(
+        "--skip-base", action="store_true", help="do not evaluate the base model (no claim compares with it)"
+    )
+    parser.add_argument(
+        "--declare-only",
+        action="store_true",
+        help="write the results directory's declaration.json (claims and settings) and stop; every later run into "
+        "that directory must have the declared settings",
+    )
     parser.add_argument("--train-questions", type=int, default=60, help="per train file (warm start: later ones)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=4, help="questions per step")
@@ -287,7 +334,6 @@ def main() -> None:
     s = settings(args)
     work, results = run_dirs("learn_arena", args, RESULTS)
     exp = Experiment("learn_arena", work, results, args.seed, claims=CLAIMS)
-    base = base_model(args.smoke, exp.work)
     agent = ArenaConfig(
         sampling=Sampling(max_new_tokens=s["agent"]["max_new_tokens"]), max_references=s["agent"]["max_references"]
     )
@@ -295,12 +341,18 @@ def main() -> None:
     dev_files = [str(DATA / f) for f in DEV]
     train_files = [str(DATA / f) for f in TRAIN]
     e = s["eval"]
-    splits = {
-        "test": slice_questions(dev_files, 0, e["test_per_file"]),
-        "dev": slice_questions(dev_files, e["dev_offset"], e["dev_per_file"]),
-    }
-    slices = {"test": (0, e["test_per_file"]), "dev": (e["dev_offset"], e["dev_per_file"])}
-    evaluations: dict[str, dict[str, dict[str, Any]]] = {"dev": {}, "test": {}}
+    slices = {"test": (e.get("test_start", 0), e["test_per_file"]), "dev": (e["dev_offset"], e["dev_per_file"])}
+    slices = {split: (start, count) for split, (start, count) in slices.items() if count}
+    splits = {split: slice_questions(dev_files, start, count) for split, (start, count) in slices.items()}
+    evaluations: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in slices}
+    trial_settings = {**s, "agent": agent_key, "engine": args.engine, "rollouts": args.rollouts}
+    declared = None
+    if args.declare_only or (exp.results / "declaration.json").exists():
+        declared = declare(exp.results / "declaration.json", declaration(trial_settings, args.seed), fixed_part)
+        print(f"declared ({declared['declared_at']}): {[c['name'] for c in CLAIMS]}", flush=True)
+        if args.declare_only:
+            return
+    base = base_model(args.smoke, exp.work)
 
     def measure(stage: str, model: Path) -> None:
         for split, examples in splits.items():
@@ -313,7 +365,8 @@ def main() -> None:
                 lambda examples=examples: evaluate(model, examples, agent, args.llm_options, args.engine),
             )
 
-    measure("base", base)
+    if not args.skip_base:
+        measure("base", base)
     start = base
     warm: dict[str, Any] | None = None
     if s["warmup"]["questions"]:
@@ -365,8 +418,7 @@ def main() -> None:
     before = "warm start" if warm else "base"
     pairs = [("GRPO", before)] + ([("warm start", "base"), ("GRPO", "base")] if warm else [])
     differences = {split: exp.differences(evaluations[split], pairs, METRICS) for split in evaluations}
-    trial_settings = {**s, "agent": agent_key, "engine": args.engine, "rollouts": args.rollouts}
-    trials = exp.record_trial(trial_settings, evaluations["dev"], "f1")
+    trials = exp.record_trial(trial_settings, evaluations["dev"], "f1") if "dev" in evaluations else []
 
     test = evaluations["test"]
     curve = {m: [(stage, ev["ci"][m]) for stage, ev in test.items()] for m in METRICS if m != "format_ok"}
@@ -382,9 +434,21 @@ def main() -> None:
     g = s["grpo"]
     lines = exp.header(
         "Learning benchmark: ARENA GRPO (LoRA) on the multi-hop train files",
-        f"Test (held out): the first {e['test_per_file']} questions of each dev file ({len(splits['test'])} in all); "
-        f"dev: {e['dev_per_file']} per dev file from question {e['dev_offset'] + 1} on ({len(splits['dev'])}). "
-        f"{len(log)} GRPO steps x {g['prompts']} questions x G={g['group']} ({step_seconds:.0f} s of steps); format "
+        f"Test (held out): questions {slices['test'][0] + 1}-{sum(slices['test'])} of each dev file "
+        f"({len(splits['test'])} in all); "
+        + (
+            f"dev: {e['dev_per_file']} per dev file from question {e['dev_offset'] + 1} on ({len(splits['dev'])}). "
+            if "dev" in splits
+            else "no dev split. "
+        )
+        + ("The base model is not evaluated (--skip-base). " if args.skip_base else "")
+        + (
+            f"Declared in `declaration.json` ({declared['declared_at']}, commit {declared['commit'][:10]}) before "
+            "any evaluation. "
+            if declared
+            else ""
+        )
+        + f"{len(log)} GRPO steps x {g['prompts']} questions x G={g['group']} ({step_seconds:.0f} s of steps); format "
         f"warm start on {warm['records'] if warm else 0} questions. Engine {args.engine}, rollouts {args.rollouts}. "
         "Means with 95% bootstrap CIs over questions (1000 resamples). Settings are compared on dev (F1) only."
         + (
@@ -406,9 +470,11 @@ def main() -> None:
         *step_table(steps, [(c, c) for c in ("format", "accuracy", "relevance", "bonus")], groups=True),
         "",
     ]
-    lines += ["## Dev", "", *stage_table(evaluations["dev"], METRICS), ""]
-    lines += [*difference_table(differences["dev"], METRICS), ""]
-    lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
+    if "dev" in evaluations:
+        lines += ["## Dev", "", *stage_table(evaluations["dev"], METRICS), ""]
+        lines += [*difference_table(differences["dev"], METRICS), ""]
+        lines += ["## Settings tried", "", *trials_table(trials), ""]
+    lines += [exp.seconds_line(), ""]
     lines += ["Training curves: `curves.png` (reward components, KL, entropy, response length per step).", ""]
     lines += settings_block(trial_settings)
     exp.write(
@@ -421,6 +487,7 @@ def main() -> None:
             "training": grpo,
             "steps": steps,
             "trials": trials,
+            **({"declaration": declared} if declared else {}),
         },
         "\n".join(lines),
     )

@@ -702,3 +702,36 @@ def test_fresh_worlds_declares_first_then_evaluates_each_world_and_refuses_anoth
     args += ["--work", str(tmp_path / "work"), "--seeds", "1", "2", "--questions", "2", "--engine", "hf"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_run(tmp_path: Path) -> None:
+    """benchmarks/learn_arena.py --smoke end to end (tiny random model, hf): a confirmation on a later test slice with
+    no dev split and no base evaluation, declared before anything is evaluated; other settings are refused."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "learn_arena.py"
+    results = tmp_path / "results"
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = [sys.executable, str(script), "--smoke", "--work", str(tmp_path / "work"), "--results", str(results)]
+        args += ["--test-start", "3", "--dev-questions", "0", "--skip-base", *extra]
+        return subprocess.run(args, capture_output=True, text=True, timeout=900)
+
+    done = run("--declare-only")
+    assert done.returncode == 0, done.stderr[-3000:]
+    declared = json.loads((results / "declaration.json").read_text())
+    assert declared["settings"]["eval"]["test_start"] == 3 and declared["settings"]["eval"]["dev_per_file"] == 0
+    assert [c["metric"] for c in declared["claims"]] == ["em", "citation_recall", "format_ok"]
+    assert not (tmp_path / "work" / "eval").exists() and not (results / "results.json").exists()
+    done = run()
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((results / "results.json").read_text())
+    assert set(written["evaluations"]) == {"test"}  # no dev split
+    assert set(written["evaluations"]["test"]) == {"warm start", "GRPO"}  # no base evaluation
+    assert written["evaluations"]["test"]["GRPO"]["key"]["start"] == 3
+    assert written["declaration"]["declared_at"] == declared["declared_at"]
+    assert [c["n"] for c in written["claims"]] == [6, 6, 6]  # 2 questions of each of the three dev files
+    assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
+    refused = run("--seed", "1")
+    assert refused.returncode != 0 and "declares another test" in refused.stderr
