@@ -120,6 +120,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
                 "epochs": 1,
                 "batch": 2,
                 "max_steps": 1,
+                **({"best_of": args.best_of} if args.best_of != 8 else {}),
+                **({"fresh_questions": True} if args.fresh_questions else {}),
             },
         }
     return {
@@ -154,6 +156,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "epochs": 1,
             "batch": 8,
             "max_steps": -1,
+            # keyed only when set, so the runs before the options keep their keys
+            **({"best_of": args.best_of} if args.best_of != 8 else {}),
+            **({"fresh_questions": True} if args.fresh_questions else {}),
         },
     }
 
@@ -172,6 +177,8 @@ def em_config(s: dict[str, Any], args: argparse.Namespace, agent: Any, **fields:
         warmup_epochs=warm["epochs"],
         warmup_lr=warm["lr"],
         train_limit=em["questions"],
+        fresh_questions=em.get("fresh_questions", False),
+        best_of=em.get("best_of", 8),
         dev_limit=0,  # the benchmark evaluates dev itself, for every stage
         samples=em["samples"],
         iterations=em["iterations"],
@@ -265,6 +272,19 @@ def main() -> None:
     parser.add_argument("--em-questions", type=int, default=24, help="training questions per E-step")
     parser.add_argument("--samples", type=int, default=2, help="trajectories sampled per E-step question (K)")
     parser.add_argument("--iterations", type=int, default=1)
+    parser.add_argument(
+        "--best-of",
+        type=int,
+        default=8,
+        help="E-step: each model call keeps the most likely of this many samples (the reference code's vLLM best_of "
+        "8; the paper states none; 1 = plain sampling, ~8x cheaper per trajectory)",
+    )
+    parser.add_argument(
+        "--fresh-questions",
+        action="store_true",
+        help="E-step: iteration t samples the t-th block of --em-questions training questions (default: the same "
+        "first ones every iteration)",
+    )
     parser.add_argument(
         "--arms",
         type=lambda text: [a.strip() for a in text.split(",") if a.strip()],

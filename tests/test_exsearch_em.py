@@ -561,6 +561,28 @@ def test_early_stopping_on_dev_em(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert summary["best_model"] == str(tiny_model_dir)
 
 
+def test_fresh_questions_give_each_e_step_its_own_block(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from sleuth.data.synth import load_synth
+    from sleuth.train.rollouts import RolloutStore
+
+    config = _loop_config(tmp_path, tiny_model_dir, train_limit=2, fresh_questions=True, warmup=False, best_of=1)
+    config.dev_limit = 0
+    train_exsearch(config)
+    ids = [e.id for e in load_synth(tmp_path / "world" / "train.jsonl")]
+    for t, block in ((0, ids[:2]), (1, ids[2:4])):
+        store = RolloutStore(tmp_path / "run" / f"iter{t}" / "rollouts")
+        assert {r.key.split("#")[0] for r in store} == set(block)
+
+    # too few questions for the last block: refused before anything is sampled
+    short = _loop_config(tmp_path, tiny_model_dir, train_limit=3, fresh_questions=True, warmup=False)
+    short.output_dir = str(tmp_path / "short")
+    with pytest.raises(ValueError, match="iteration 2 needs training questions 4-6, the file has 4"):
+        train_exsearch(short)
+    assert not (tmp_path / "short" / "iter0").exists() and not (tmp_path / "short" / "dev_base.json").exists()
+    with pytest.raises(ValueError, match="needs train_limit"):
+        _loop_config(tmp_path, tiny_model_dir, train_limit=None, fresh_questions=True).validate()
+
+
 def test_config_from_yaml_and_cli_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     from sleuth.train.config import load_config
 

@@ -227,6 +227,22 @@ def read_examples(path: str, limit: int | None) -> list[Example]:
     return examples[:limit] if limit is not None else examples
 
 
+def question_block(train: list[Example], limit: int | None, index: int, fresh: bool) -> list[Example]:
+    """The training questions of iteration ``index`` (0-based): all of ``train``, or with ``fresh`` its
+    ``index``-th block of ``limit`` questions (``fresh_questions`` of mDPO and ExSearch EM: a later iteration does not
+    train again on an earlier one's questions); an error when the file has too few for the block."""
+    if not fresh:
+        return train
+    n = limit or 0
+    block = train[index * n : (index + 1) * n]
+    if len(block) < n:
+        raise ValueError(
+            f"fresh_questions: iteration {index + 1} needs training questions {index * n + 1}-{(index + 1) * n}, "
+            f"the file has {len(train)}"
+        )
+    return block
+
+
 def prepare_data(
     config: DataConfig, output_dir: str | Path, progress: bool = True, need_index: bool = True
 ) -> tuple[list[Example], list[Example], str]:

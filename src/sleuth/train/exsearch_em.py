@@ -106,6 +106,7 @@ from sleuth.train.common import (
     free_memory,
     log,
     prepare_data,
+    question_block,
     resolve_model,
     seed_all,
     serves,
@@ -158,6 +159,9 @@ class EMConfig(HFTrainConfig, WorldConfig):
     model: str = "default"  # θ_base: a transformers directory or "default" (the embedded SmolLM2)
     output_dir: str = "runs/exsearch-em"
     train_limit: int | None = None  # E-step questions per iteration (None: all)
+    # A deviation, off by default (the paper samples D every iteration): iteration t samples the t-th block of
+    # train_limit questions, so a small run's later E-step does not refit the questions an earlier one trained on
+    fresh_questions: bool = False
     dev_limit: int | None = 100  # dev questions for early stopping (0: none, then no early stopping)
     llm_options: str = ""  # options of the hf: backend (sampling and evaluation with engine=hf; hf scoring)
     score_on_engine: bool = False  # true: a vLLM engine also scores p(y | x, z); slower on the 2-core CPU (docs)
@@ -202,11 +206,19 @@ class EMConfig(HFTrainConfig, WorldConfig):
         for name in ("samples", "best_of", "iterations", "batch_size", "per_device_batch_size", "patience"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.fresh_questions and not self.train_limit:
+            raise ValueError("fresh_questions needs train_limit, the number of questions per iteration")
         if self.agent.tags not in TAG_SETS:
             raise ValueError(f"agent.tags={self.agent.tags!r}; expected one of {sorted(TAG_SETS)}")
         if self.lora:
             raise ValueError("lora: the ExSearch M-step trains all weights (no LoRA); set lora: false")
         engine_spec(self, Path("MODEL"))
+
+    def questions_to_read(self) -> int | None:
+        """``train_limit``, or with ``fresh_questions`` one block of it per iteration."""
+        if self.fresh_questions and self.train_limit is not None:
+            return self.train_limit * self.iterations
+        return self.train_limit
 
     def rollout_agent(self) -> ExSearchConfig:
         return with_sampling(self.agent, self.temperature, self.top_p)
@@ -1053,7 +1065,8 @@ def _em(
     split: bool,
 ) -> dict[str, Any]:
     out = Path(config.output_dir)
-
+    # every iteration's questions, checked before anything is evaluated or sampled
+    blocks = [question_block(train, config.train_limit, t, config.fresh_questions) for t in range(config.iterations)]
     tracker = Tracker(config.report_to, out, out.name, to_mapping(config))  # iteration statistics in OUT/tb
     base_dev = dev_eval(policy, out / "dev_base.json", not config.warmup and config.iterations > 0)
     summary: dict[str, Any] = {"base": {"model": str(policy), "dev": base_dev}}
@@ -1099,9 +1112,10 @@ def _em(
                 how = f"best of {config.best_of} per model call" if best_of["applied"] else "plain sampling"
                 if config.best_of > 1 and not best_of["applied"]:
                     how += f", best_of not applied: {best_of['reason']}"
-                _log(config, f"iteration {t}: E-step, {config.samples} trajectories x {len(train)} questions ({how})")
+                questions = f"{config.samples} trajectories x {len(blocks[t])} questions"
+                _log(config, f"iteration {t}: E-step, {questions} ({how})")
                 ctx = Context(llm=sampler, retriever=retriever, config=rollout_agent)
-                collect(METHOD, train, ctx, store, config.samples, config.concurrency, config.progress)
+                collect(METHOD, blocks[t], ctx, store, config.samples, config.concurrency, config.progress)
                 if isinstance(sampler, BestOfLLM):
                     best_of.update(sampler.report())
                 seconds["sampling"] = time.perf_counter() - started

@@ -1234,18 +1234,8 @@ def _log(config: MDPOConfig, message: str) -> None:
 
 
 def iteration_questions(config: MDPOConfig, train: list[Example], t: int) -> list[Example]:
-    """The training questions iteration ``t`` (1-based) samples: all of ``train``, or with ``fresh_questions`` its
-    t-th block of ``train_limit``; an error when the file has too few for the block."""
-    if not config.fresh_questions:
-        return train
-    n = config.train_limit or 0
-    block = train[(t - 1) * n : t * n]
-    if len(block) < n:
-        raise ValueError(
-            f"fresh_questions: iteration {t} needs training questions {(t - 1) * n + 1}-{t * n}, the file has "
-            f"{len(train)}"
-        )
-    return block
+    """The training questions iteration ``t`` (1-based) samples (:func:`common.question_block`)."""
+    return common.question_block(train, config.train_limit, t - 1, config.fresh_questions)
 
 
 def train_mdpo(
