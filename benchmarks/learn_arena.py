@@ -124,6 +124,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         sizes = {"test": args.test_questions, "dev": args.dev_questions, "train": args.train_questions}
         sizes.update(steps=args.steps, prompts=args.prompts, group=args.group, tokens=160)
         sizes["warmup"] = args.format_warmup
+    if args.test_start < 0 or min(sizes["test"], sizes["dev"]) < 0:
+        raise SystemExit("--test-start, --test-questions and --dev-questions are counts: not negative")
     if args.test_start + sizes["test"] > DEV_OFFSET or sizes["dev"] > 200 - DEV_OFFSET:
         raise SystemExit(
             f"the test slice (--test-start + --test-questions) ends at question {DEV_OFFSET} of each dev file and "
