@@ -193,11 +193,18 @@ def warm_start(
 
 
 def evaluate(
-    searcher: Path, generator: Any, examples: list[Any], index: str, agent: Any, opts: str, engine: str
+    searcher: Path,
+    generator: Any,
+    examples: list[Any],
+    index: str,
+    agent: Any,
+    opts: str,
+    engine: str,
+    llm: Any = None,
 ) -> dict[str, Any]:
     """Greedy s3 on ``examples``: per-question GenAcc (span) with the searcher's documents (``genacc``) and with
     naive RAG's top-k (``genacc_naive``: the same generator and prompt on the documents retrieved for the question
-    itself)."""
+    itself). ``llm``: the searcher's LLM already open (kept open), else one is opened on ``searcher`` and closed."""
     import asyncio
     from types import SimpleNamespace
 
@@ -210,12 +217,15 @@ def evaluate(
     from sleuth.train.common import close_llm, engine_spec
     from sleuth.train.rewards import generator_accuracy
 
-    llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=opts), searcher))
+    owned = llm is None
+    if owned:
+        llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=opts), searcher))
     ctx = Context(llm=llm, retriever=load_retriever(index), config=agent, roles={"generator": generator})
     try:
         traces = run("s3", examples, ctx, progress=True)
     finally:
-        close_llm(llm)
+        if owned:
+            close_llm(llm)
 
     async def naive_accuracy() -> list[float]:
         async def one(trace: Any) -> float:

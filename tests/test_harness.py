@@ -704,6 +704,46 @@ def test_fresh_worlds_declares_first_then_evaluates_each_world_and_refuses_anoth
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_fresh_worlds_tests_s3_searchers_with_the_declared_generator_and_adds_gain_beyond_rag(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """fresh_worlds.py on a learn_s3 source (tiny model as both searchers and the frozen generator, hf engine): the
+    generator is declared by content hash, each world's evaluation records the searcher's and naive RAG's GenAcc, and
+    the declaration adds s3's Gain Beyond RAG claim to the one asked for."""
+    import shutil
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fresh_worlds.py"
+    source = Path(__file__).resolve().parents[1] / "docs" / "results" / "learn_s3"
+    results = tmp_path / "results"
+    generator = shutil.copytree(tiny_model_dir, tmp_path / "generator")
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = [sys.executable, str(script), "--source", str(source), "--before", f"warm start={tiny_model_dir}"]
+        args += ["--after", f"ppo={tiny_model_dir}", "--claim", "after PPO > warm start", "--results", str(results)]
+        args += ["--work", str(tmp_path / "work"), "--seeds", "3", "--questions", "2", "--engine", "hf", *extra]
+        return subprocess.run(args, capture_output=True, text=True, timeout=600)
+
+    done = run("--generator", str(generator), "--declare-only")
+    assert done.returncode == 0, done.stderr[-3000:]
+    declared = json.loads((results / "declaration.json").read_text())
+    assert declared["benchmark"] == "learn_s3" and declared["claim"]["metric"] == "genacc"
+    assert declared["generator"]["path"] == str(generator) and len(declared["generator"]["sha256"]) == 64
+    assert declared["also"][0]["before_metric"] == "genacc_naive"
+    done = run("--generator", str(generator))
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((results / "results.json").read_text())
+    assert set(written["worlds"]) == {"warm start@3", "ppo@3"}
+    assert set(written["worlds"]["ppo@3"]["per_example"]) >= {"genacc", "genacc_naive"}
+    assert [c["name"] for c in written["claims"]] == ["after PPO > warm start", "ppo > naive RAG"]
+    assert all(c["n"] == 2 for c in written["claims"])
+    other = tmp_path / "other-generator"
+    shutil.copytree(tiny_model_dir, other)
+    (other / "config.json").write_text((other / "config.json").read_text() + "\n")  # other bytes, same model
+    refused = run("--generator", str(other))  # another generator is another test
+    assert refused.returncode != 0 and "declares another test" in refused.stderr
+
+
 @pytest.mark.slow
 def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_run(tmp_path: Path) -> None:
     """benchmarks/learn_arena.py --smoke end to end (tiny random model, hf): a confirmation on a later test slice with
