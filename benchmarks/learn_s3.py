@@ -114,7 +114,12 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         world.update(train_questions=12, dev_questions=2, test_questions=3)
         return {
             "world": world,
-            "eval": {"dev_questions": 2, "test_questions": 3, "tokens": 12, "generator_tokens": 24},
+            "eval": {
+                "dev_questions": min(args.dev_questions, 2),
+                "test_questions": 3,
+                "tokens": 12,
+                "generator_tokens": 24,
+            },
             "ppo": {"steps": 1, "prompts": 2, **ppo},
             **warmup_settings(args, world),
         }
@@ -313,7 +318,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="work dir (default $SLEUTH_HOME/runs/learn-s3)")
     parser.add_argument("--results", type=Path, default=None, help=f"results directory (default {RESULTS})")
     parser.add_argument("--test-questions", type=int, default=100, help="held-out questions reported (test split)")
-    parser.add_argument("--dev-questions", type=int, default=100, help="questions settings are compared on")
+    parser.add_argument(
+        "--dev-questions", type=int, default=100, help="questions settings are compared on (0: no dev split)"
+    )
     parser.add_argument("--train-questions", type=int, default=400, help="before the naive-RAG filter")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--prompts", type=int, default=16, help="questions per step (paper: 120)")
@@ -388,9 +395,10 @@ def main() -> None:
 
     world, index = exp.synthetic_world(s["world"])
     splits = {}
-    for split in ("dev", "test"):
-        splits[split] = list(load_synth(world / f"{split}.jsonl"))[: s["eval"][f"{split}_questions"]]
-    evaluations: dict[str, dict[str, dict[str, Any]]] = {"dev": {}, "test": {}}
+    for split in ("dev", "test"):  # --dev-questions 0: no dev split (a run that compares no settings)
+        if s["eval"][f"{split}_questions"] or split == "test":
+            splits[split] = list(load_synth(world / f"{split}.jsonl"))[: s["eval"][f"{split}_questions"]]
+    evaluations: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in splits}
     ceilings: dict[str, dict[str, Any]] = {}
 
     def measure(stage: str, model: Path) -> None:
@@ -490,7 +498,7 @@ def main() -> None:
     ]
     differences = {split: exp.differences(v, pairs, ["genacc"]) for split, v in views.items()}
     trial_settings = {**s, "generator": str(generator_model), "agent": agent_key, "engine": args.engine}
-    trials = exp.record_trial(trial_settings, views["dev"], "genacc")
+    trials = exp.record_trial(trial_settings, views.get("dev", {}), "genacc")
 
     test = views["test"]
     curve = {
@@ -521,8 +529,9 @@ def main() -> None:
     )
     lines = exp.header(
         f"Learning benchmark: s3 PPO on the synthetic world (frozen generator {short(generator_model)})",
-        f"Test: the first {len(splits['test'])} questions of the world's test split, dev: the first "
-        f"{len(splits['dev'])} of its dev split (2-3 hops, entities disjoint from training and from each other). "
+        f"Test: the first {len(splits['test'])} questions of the world's test split, "
+        + (f"dev: the first {len(splits['dev'])} of its dev split" if "dev" in splits else "no dev split")
+        + " (2-3 hops, entities disjoint from training and from each other). "
         f"{len(log)} PPO steps x {s['ppo']['prompts']} questions ({step_seconds:.0f} s of steps; {rewarded} step(s) "
         f"with a mean reward above 0); training data after the filter: {ppo['summary']['data']}. Engine "
         f"{args.engine}. GenAcc (span) of the frozen generator with 95% bootstrap CIs over questions (1000 "
@@ -560,8 +569,9 @@ def main() -> None:
         *step_table(steps, [("Acc(s3 docs)", "acc_s3"), ("Acc(naive)", "acc_naive")], groups=False),
         "",
     ]
-    lines += ["## Dev", "", *stage_table(views["dev"], ["genacc"]), ""]
-    lines += [*difference_table(differences["dev"], ["genacc"]), ""]
+    if "dev" in views:
+        lines += ["## Dev", "", *stage_table(views["dev"], ["genacc"]), ""]
+        lines += [*difference_table(differences["dev"], ["genacc"]), ""]
     lines += ["## Settings tried", "", *trials_table(trials), "", exp.seconds_line(), ""]
     lines += ["Training curves: `curves.png` (reward, KL, entropy, response length, searches per PPO step).", ""]
     lines += settings_block(trial_settings)
