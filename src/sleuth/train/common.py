@@ -227,6 +227,12 @@ def read_examples(path: str, limit: int | None) -> list[Example]:
     return examples[:limit] if limit is not None else examples
 
 
+def questions_read(limit: int | None, iterations: int, fresh: bool) -> int | None:
+    """How many training questions an iterated trainer reads: ``limit`` (``train_limit``), or with ``fresh``
+    (``fresh_questions``) one block of ``limit`` per iteration (:func:`question_block`)."""
+    return limit * iterations if fresh and limit is not None else limit
+
+
 def question_block(train: list[Example], limit: int | None, index: int, fresh: bool) -> list[Example]:
     """The training questions of iteration ``index`` (0-based): all of ``train``, or with ``fresh`` its
     ``index``-th block of ``limit`` questions (``fresh_questions`` of mDPO and ExSearch EM: a later iteration does not

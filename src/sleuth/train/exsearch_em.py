@@ -107,6 +107,7 @@ from sleuth.train.common import (
     log,
     prepare_data,
     question_block,
+    questions_read,
     resolve_model,
     seed_all,
     serves,
@@ -216,9 +217,7 @@ class EMConfig(HFTrainConfig, WorldConfig):
 
     def questions_to_read(self) -> int | None:
         """``train_limit``, or with ``fresh_questions`` one block of it per iteration."""
-        if self.fresh_questions and self.train_limit is not None:
-            return self.train_limit * self.iterations
-        return self.train_limit
+        return questions_read(self.train_limit, self.iterations, self.fresh_questions)
 
     def rollout_agent(self) -> ExSearchConfig:
         return with_sampling(self.agent, self.temperature, self.top_p)

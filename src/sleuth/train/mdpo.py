@@ -258,9 +258,7 @@ class MDPOConfig(HFTrainConfig, WorldConfig):
 
     def questions_to_read(self) -> int | None:
         """``train_limit``, or with ``fresh_questions`` one block of it per iteration."""
-        if self.fresh_questions and self.train_limit is not None:
-            return self.train_limit * self.iterations
-        return self.train_limit
+        return common.questions_read(self.train_limit, self.iterations, self.fresh_questions)
 
     def rollout_agent(self) -> AceSearcherConfig:
         """The agent config of the sampled runs: ``agent`` with the rollout temperature and top_p."""
