@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -166,9 +167,11 @@ def main() -> None:
         exp.stage(f"world-{seed}", world, make)
         splits[seed] = (list(load_synth(directory / "test.jsonl"))[: declared["questions_per_world"]], str(index))
     per_world: dict[str, dict[str, Any]] = {}
-    generator = (
-        ModelServer(Path(declared["generator"]["path"]), args.engine, options) if "generator" in declared else None
-    )
+    generator = None
+    if benchmark == "learn_s3":  # the given generator (the declaration matched it by content, wherever it lies)
+        generator = ModelServer(generator_of(source, args.generator), args.engine, options)
+        # on a GPU the generator's server and each searcher's share its memory (0.45 each, as learn_s3 runs them)
+        os.environ.setdefault("SLEUTH_VLLM_GPU_SERVERS", "2")
     try:
         for stage, model in models.items():
             with ModelServer(model, args.engine, options) as server:
