@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--questions", type=int, default=0, help="per world (default: the source's test questions)")
     parser.add_argument("--results", type=Path, required=True)
-    parser.add_argument("--work", type=Path, default=None, help="default: RUNS/fresh-worlds")
+    parser.add_argument("--work", type=Path, default=None, help="default: RUNS/fresh-worlds (-learn_s3 for s3)")
     parser.add_argument("--engine", default="auto", help="hf, vllm or auto (vllm when installed)")
     parser.add_argument("--declare-only", action="store_true", help="write declaration.json and stop")
     args = parser.parse_args()
@@ -150,7 +150,10 @@ def main() -> None:
     metrics = METRICS[benchmark]
     agent = agent_from(benchmark, source["settings"])
     options = declared["llm_options"]
-    work = args.work or runs_home() / "fresh-worlds"
+    # one work directory per source benchmark: their worlds share seeds but not settings (s3's has other sizes)
+    work = args.work or runs_home() / (
+        "fresh-worlds" if benchmark == "learn_acesearcher" else f"fresh-worlds-{benchmark}"
+    )
     exp = Experiment(benchmark, work, args.results, claims=[declared["claim"], *declared.get("also", [])])
     splits: dict[int, tuple[list[Any], str]] = {}
     for world in declared["worlds"]:
@@ -160,6 +163,9 @@ def main() -> None:
         def make(directory: Path = directory, index: Path = index, world: dict[str, Any] = world) -> dict[str, str]:
             if not (directory / "world.json").exists():
                 synthesize(directory, **world)
+            made = json.loads((directory / "world.json").read_text())["config"]
+            if any(made.get(k) != v for k, v in world.items()):
+                raise SystemExit(f"{directory} holds another world ({made}); give another --work")
             if not index.exists():
                 build_bm25_index(directory / "corpus.jsonl", index)
             return {"world": str(directory), "index": str(index)}

@@ -742,6 +742,12 @@ def test_fresh_worlds_tests_s3_searchers_with_the_declared_generator_and_adds_ga
     (other / "config.json").write_text((other / "config.json").read_text() + "\n")  # other bytes, same model
     refused = run("--generator", str(other))  # another generator is another test
     assert refused.returncode != 0 and "declares another test" in refused.stderr
+    ace = Path(__file__).resolve().parents[1] / "docs" / "results" / "learn_acesearcher" / "lr_sweep"
+    args = [sys.executable, str(script), "--source", str(ace), "--before", f"sft={tiny_model_dir}", "--after"]
+    args += [f"mdpo-1={tiny_model_dir}", "--claim", "x", "--results", str(tmp_path / "ace"), "--engine", "hf"]
+    args += ["--work", str(tmp_path / "work"), "--seeds", "3", "--questions", "2"]  # world-3 there is s3's
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "world-3" in refused.stderr  # refused, not evaluated on s3's world
 
 
 @pytest.mark.slow
