@@ -326,6 +326,44 @@ def test_a_killed_run_resumes_from_its_checkpoint(
     assert steps == [0, 1, 2] and summary["steps"] == 3
 
 
+class _RaisingContext(Context):
+    """The live policy's context, except that a rollout of book 1 raises (as a token-extraction bug once did)."""
+
+    async def chat(self, trace: Trace, kind: str, user: str, sampling: Sampling, **kw: Any) -> Any:
+        if "book 1" in user:
+            raise KeyError("eos_logprob")
+        return await super().chat(trace, kind, user, sampling, **kw)
+
+
+class RaisingTask(DirectTask):
+    def context(self, llm: Any, agent_config: Any) -> Context:
+        return _RaisingContext(llm=llm, retriever=None, config=agent_config)
+
+    def episodes(self, traces: list[Trace]) -> list[Episode]:
+        failed = [t for t in traces if t.error]
+        out = super().episodes([t for t in traces if not t.error])
+        return out + [
+            Episode(group=t.example.metadata["rl"]["group"], messages=None, reward=0.0, components={}) for t in failed
+        ]
+
+
+def test_a_step_with_too_many_failed_rollouts_stops_before_training_on_the_rest(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """2 of 6 episodes raise: over max_failed_fraction (0.25) the run stops before the update, naming the error; at
+    1.0 it trains on the rest and the step log counts the failures by message."""
+    config = _config(tmp_path, tiny_model_dir, prompts_per_step=3, group_size=2, output_dir=str(tmp_path / "stop"))
+    with pytest.raises(RuntimeError, match=r"2 of 6 episodes failed.*KeyError: 'eos_logprob'"):
+        train_online(config, RaisingTask(lambda t: float(len(t.answer or "") % 2)), _examples(3))
+    assert not (tmp_path / "stop" / "log.jsonl").exists() or not (tmp_path / "stop" / "log.jsonl").read_text()
+    assert not (tmp_path / "stop" / "model").exists()
+    config = dataclasses.replace(config, max_failed_fraction=1.0, output_dir=str(tmp_path / "go"))
+    train_online(config, RaisingTask(lambda t: float(len(t.answer or "") % 2)), _examples(3))
+    log = [json.loads(x) for x in (tmp_path / "go" / "log.jsonl").read_text().splitlines()]
+    assert log[0]["failed"] == 2 and log[0]["failed_errors"] == {"KeyError: 'eos_logprob'": 2}
+    assert (tmp_path / "go" / "model").exists()
+
+
 def test_batches_cover_the_data_before_repeating() -> None:
     examples = _examples(5)
     ids = [e.id for step in range(5) for e in online_rl._batch(examples, step, 2, seed=1)]
@@ -610,7 +648,12 @@ def test_two_processes_make_the_same_update_as_one_with_the_whole_batch(
 
     # a process whose rollouts all fail still takes part in every collective; the other one trains
     done = subprocess.run(
-        [*launcher, str(script), json.dumps({**json.loads(args), "output_dir": str(tmp_path / "failing")})],
+        # (max_failed_fraction 1.0: half the step's episodes fail by design, which would otherwise stop the run)
+        [
+            *launcher,
+            str(script),
+            json.dumps({**json.loads(args), "output_dir": str(tmp_path / "failing"), "max_failed_fraction": 1.0}),
+        ],
         env={**env, "FAIL_RANK": "1"},
         capture_output=True,
         text=True,

@@ -137,7 +137,9 @@ def test_kept_ids_of_a_reply_cut_mid_token_completed_or_not_matching(llm: HFLLM)
     assert whole["eos_logprob"] == -1.0 and whole["inserted"] == []
     # cut inside a token ("Paris is a ci"): the whole token that covers the cut is kept, as sampled; no EOS
     cut = kept_token_ids(tokenizer, sampled, None, "Paris is a ci")
-    assert cut is not None and cut["eos"] is None and cut["inserted"] == []
+    assert cut is not None and cut["eos"] is None and cut["eos_logprob"] is None and cut["inserted"] == []
+    # the same keys on every path (s3 reads them all: a cut reply once raised KeyError and lost its episode)
+    assert set(cut) == set(whole)
     assert tokenizer.decode(cut["ids"]).startswith("Paris is a ci") and cut["ids"] == sampled[: len(cut["ids"])]
     assert not tokenizer.decode(cut["ids"][:-1]).startswith("Paris is a ci")
     # text put back after the reply: inserted ids, tokenized once

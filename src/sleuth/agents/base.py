@@ -312,6 +312,7 @@ def kept_token_ids(
                     "ids": body[:j],
                     "logprobs": values[:j] if values is not None else None,
                     "eos": None,
+                    "eos_logprob": None,
                     "inserted": [],
                 }
     if kept.startswith(full):

@@ -290,6 +290,11 @@ class RLConfig(TrainConfig):
     save_steps: int = 10
     concurrency: int = 64
     progress: bool = True
+    # a step whose failed episodes (a rollout that raised, a reward that could not be computed) exceed this share of
+    # its episodes stops the run before the update, naming the errors: failures are a bug or a dead endpoint, not
+    # model behaviour (parsers are lenient), and training on the episodes that survived biases the step (the run
+    # resumes from its last checkpoint once fixed). 1.0: never stop
+    max_failed_fraction: float = 0.25
 
     def correction(self) -> str:
         """The sampler correction in force: ``auto`` is ``tis`` with a rollout server, else ``none``."""
@@ -318,6 +323,8 @@ class RLConfig(TrainConfig):
             )
         if self.value_head_init not in ("normal", "zeros"):
             raise ValueError(f"value_head_init={self.value_head_init!r}; expected 'normal' or 'zeros'")
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ValueError("max_failed_fraction must be in [0, 1]")
         if self.weight_decay < 0:
             raise ValueError("weight_decay must be >= 0")
         for name in ("warmup_steps", "critic_warmup_steps", "critic_lr_warmup_steps"):
@@ -1400,6 +1407,15 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         trained = [r[3] for r in rows if r[3] is not None]
         entry["too_long"] = sum(r[5] == "too_long" for r in rows)
         entry["failed"] = len(rows) - len(trained) - entry["too_long"]
+        if entry["failed"]:  # what the failed rollouts raised, by message (the Trace's error; "" for a reward)
+            raised = [str(t.error)[:160] for t in traces if t.error]
+            errors = Counter(e for part in dist.gather(raised) for e in part)
+            entry["failed_errors"] = dict(errors.most_common(5))
+            if entry["failed"] > config.max_failed_fraction * len(rows):
+                raise RuntimeError(
+                    f"step {step + 1}: {entry['failed']} of {len(rows)} episodes failed (max_failed_fraction "
+                    f"{config.max_failed_fraction}), not training on the rest; errors: {entry['failed_errors']}"
+                )
         entry["truncated"] = sum(1 for r in rows if r[4])  # episodes whose observations were cut to fit
         entry["truncated_tokens"] = sum(r[4] for r in rows)
         # trained on the ids sampled, or re-tokenized (episode_tokens: retokenize, or an engine that returned no ids)
@@ -1430,8 +1446,10 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         tracker.log(step, {CURVE_TAGS.get(k, k): v for k, v in entry.items() if k != "step"})
         if config.progress and dist.main:
             cut = ""
+            if entry["failed"]:
+                cut += f" failed {entry['failed']}"
             if entry["truncated"] or entry["too_long"]:
-                cut = (
+                cut += (
                     f" cut {entry['truncated']} episodes ({entry['truncated_tokens']} observation tokens), "
                     f"{entry['too_long']} too long"
                 )
