@@ -109,6 +109,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     # micro_batch 1: at 2 the first PPO update (actor, reference and separate critic, full fine-tuning, episodes of
     # 1.0-1.5k tokens) reached 17 GB resident next to the generator's server and was killed for memory (24 GiB here)
     ppo = {"lr": args.lr, "critic_lr": args.critic_lr, "mini_batches": 2, "micro_batch": 1, "save_steps": 2}
+    # RLConfig fields given on the command line (--rl KEY=VALUE), keyed only when given so earlier runs keep their keys
+    if args.rl:
+        ppo["rl"] = dict(sorted(parse_rl_overrides(args.rl).items()))
     if args.smoke:
         world.update(train_entities=60, dev_entities=30, test_entities=30)
         world.update(train_questions=12, dev_questions=2, test_questions=3)
@@ -137,6 +140,24 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "ppo": {"steps": args.steps, "prompts": args.prompts, **ppo},
         **warmup_settings(args, world),
     }
+
+
+def parse_rl_overrides(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs for S3RLConfig fields, each value read as JSON when it parses (numbers, booleans), else
+    as a string; an unknown field is refused."""
+    from sleuth.train.s3_rl import S3RLConfig
+
+    fields = {f.name for f in dataclasses.fields(S3RLConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields:
+            raise SystemExit(f"--rl {item!r}: expected KEY=VALUE with KEY a field of S3RLConfig")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
 
 
 def warmup_settings(args: argparse.Namespace, world: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +363,13 @@ def main() -> None:
         help="warm start on transcripts that search at least once (questions whose gold passages are all in the "
         "initial documents are skipped): the searcher learns to search, PPO when to stop",
     )
+    parser.add_argument(
+        "--rl",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an S3RLConfig field for PPO (repeatable), e.g. value_head_init=zeros; part of the PPO stage's key",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -473,6 +501,7 @@ def main() -> None:
                 agent=agent,
                 train_limit=ppo_key.get("train_limit"),
             )
+            config = dataclasses.replace(config, **p.get("rl", {}))
             summary = train_s3(config, generator=generator())
             return online_rl_result(out, summary, continued)
 
