@@ -26,6 +26,7 @@ Every evaluation is cached under its key (:mod:`harness`): a killed run resumes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -173,12 +174,14 @@ def main() -> None:
         exp.stage(f"world-{seed}", world, make)
         splits[seed] = (list(load_synth(directory / "test.jsonl"))[: declared["questions_per_world"]], str(index))
     per_world: dict[str, dict[str, Any]] = {}
-    generator = None
-    if benchmark == "learn_s3":  # the given generator (the declaration matched it by content, wherever it lies)
-        generator = ModelServer(generator_of(source, args.generator), args.engine, options)
-        # on a GPU the generator's server and each searcher's share its memory (0.45 each, as learn_s3 runs them)
-        os.environ.setdefault("SLEUTH_VLLM_GPU_SERVERS", "2")
-    try:
+    with contextlib.ExitStack() as open_servers:
+        generator = None
+        if benchmark == "learn_s3":  # the given generator (the declaration matched it by content, wherever it lies)
+            generator = open_servers.enter_context(
+                ModelServer(generator_of(source, args.generator), args.engine, options)
+            )
+            # on a GPU the generator's server and each searcher's share its memory (0.45 each, as learn_s3 runs them)
+            os.environ.setdefault("SLEUTH_VLLM_GPU_SERVERS", "2")
         for stage, model in models.items():
             with ModelServer(model, args.engine, options) as server:
                 for seed, (examples, index) in splits.items():
@@ -194,9 +197,6 @@ def main() -> None:
                         key["generator"] = str(generator.model_dir)
                     run = evaluation(benchmark, server, generator, examples, index, agent, options, args.engine)
                     per_world[f"{stage}@{seed}"] = exp.evaluate(stage, f"world-{seed}", key, run)
-    finally:
-        if generator is not None:
-            generator.__exit__()
     pooled: dict[str, dict[str, Any]] = {}
     for stage in models:
         scores: dict[str, list[float]] = {}

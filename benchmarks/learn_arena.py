@@ -171,6 +171,20 @@ def fixed_part(declared: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in declared.items() if k not in ("declared_at", "commit")}
 
 
+def format_split(start: dict[str, list[float]], after: dict[str, list[float]], name: str) -> str:
+    """EM changes split by whether ``start``'s answer had ARENA's format: a gain on the questions it left unformatted
+    (scored by the lenient extractor) is the format's, one on those it formatted is the answer's."""
+    line = f"EM changes by the {name}'s format:"
+    for formatted, label in ((0.0, "unformatted"), (1.0, "formatted")):
+        ids = [i for i, f in enumerate(start["format_ok"]) if f == formatted]
+        better = sum(after["em"][i] > start["em"][i] for i in ids)
+        worse = sum(after["em"][i] < start["em"][i] for i in ids)
+        em = (sum(start["em"][i] for i in ids), sum(after["em"][i] for i in ids))
+        line += f" on the {len(ids)} it left {label}, EM {em[0]:.0f} -> {em[1]:.0f} correct"
+        line += f" ({better} better / {worse} worse);"
+    return line[:-1] + "."
+
+
 def slice_questions(files: list[str], start: int, count: int) -> list[Any]:
     """Questions ``start`` to ``start + count`` of each file, file after file."""
     from sleuth.data import load_examples
@@ -462,6 +476,8 @@ def main() -> None:
     )
     lines += ["## Test (held out)", "", *stage_table(test, METRICS, models), ""]
     lines += [*difference_table(differences["test"], METRICS), ""]
+    if before in test:
+        lines += [format_split(test[before]["per_example"], test["GRPO"]["per_example"], before), ""]
     lines += [
         "## GRPO steps",
         "",
