@@ -11,9 +11,12 @@
 #
 # `run` assembles and converts the model into SLEUTH_HOME=/tmp/gs/home (sha256 checked), runs the command with
 # sleuth on PYTHONPATH, then packs $SLEUTH_HOME/runs (weights, checkpoints and indexes left out) into
-# $OUT/runs.tgz. STOP_AFTER=SECONDS stops the command in time for the packing (default 540).
-# Measured 2026-11-26 (H100): call 1 ~20 s, the model ready ~15 s into call 2.
+# $OUT/runs.tgz. STOP_AFTER=SECONDS is a deadline counted from this script's start (the model's assembly and
+# conversion included), at which the command is stopped in time for the packing (default 540). Give the device call
+# a timeout_s at least 30 s above it: a call killed by its own timeout packs nothing.
+# Measured 2026-11-26 (H100): call 1 ~20 s, the model ready 15-42 s into call 2.
 set -u
+SCRIPT_STARTED=$(date +%s)
 MODE=${1:-}; shift || true
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STATE=${GPU_STATE:-/tmp/gs}
@@ -36,8 +39,10 @@ env_for_sleuth() {
 
 run_command() {
   local started=$(date +%s) out=${OUT:-/tmp/out}
+  local left=$(( ${STOP_AFTER:-540} - (started - SCRIPT_STARTED) ))
+  (( left > 0 )) || left=1
   mkdir -p "$out"
-  timeout "${STOP_AFTER:-540}" "$@" > "$out/command.log" 2>&1
+  timeout "$left" "$@" > "$out/command.log" 2>&1
   echo "command rc=$? after $(( $(date +%s) - started )) s"
   # progress bars are carriage-return lines: the last 40 of the rest
   tr '\r' '\n' < "$out/command.log" | grep -v "it/s\]$\|s/it\]$\|examples/s\]$" | tail -40
