@@ -102,6 +102,17 @@ FULL = {
 }
 
 
+# The reported run's PPO settings, where S3RLConfig now follows veRL (f8851ad, after that run): a value head that
+# starts at zero instead of N(0, 0.02), the token mean over a mini-batch instead of the mean of per-episode means, no
+# weight decay instead of 0.01. With veRL's three the 135M searcher collapses to stopping at once after one update
+# (docs/results/learn_s3/collapse); with these the retrained run reproduces the reported one's steps exactly.
+REPORTED_RL: dict[str, Any] = {
+    "micro_batch_aggregation": "mini_batch_mean",
+    "value_head_init": "zeros",
+    "weight_decay": 0,
+}
+
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the run, grouped by the stage that reads it (a group is that stage's part of its key).
     ``--smoke`` fixes the sizes but keeps the learning rates and the seed given (to try resumption)."""
@@ -109,9 +120,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     # micro_batch 1: at 2 the first PPO update (actor, reference and separate critic, full fine-tuning, episodes of
     # 1.0-1.5k tokens) reached 17 GB resident next to the generator's server and was killed for memory (24 GiB here)
     ppo = {"lr": args.lr, "critic_lr": args.critic_lr, "mini_batches": 2, "micro_batch": 1, "save_steps": 2}
-    # RLConfig fields given on the command line (--rl KEY=VALUE), keyed only when given so earlier runs keep their keys
-    if args.rl:
-        ppo["rl"] = dict(sorted(parse_rl_overrides(args.rl).items()))
+    # the benchmark's PPO settings over S3RLConfig's (REPORTED_RL), then the command line's (--rl KEY=VALUE); always
+    # keyed, so a stage trained under other defaults is never read back as this one
+    ppo["rl"] = dict(sorted({**REPORTED_RL, **parse_rl_overrides(args.rl or [])}.items()))
     if args.smoke:
         world.update(train_entities=60, dev_entities=30, test_entities=30)
         world.update(train_questions=12, dev_questions=2, test_questions=3)
@@ -368,7 +379,8 @@ def main() -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an S3RLConfig field for PPO (repeatable), e.g. value_head_init=zeros; part of the PPO stage's key",
+        help="an S3RLConfig field for PPO (repeatable), over REPORTED_RL (the reported run's), e.g. "
+        "value_head_init=normal; part of the PPO stage's key",
     )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--seed", type=int, default=0)
