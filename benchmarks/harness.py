@@ -426,8 +426,21 @@ class Experiment:
             print(f"[{self.name}] stage {name} ...", flush=True)
             started = time.perf_counter()
             cached = self._store(path, key, run(), time.perf_counter() - started)
+            self._release(name)
         self.seconds[name] = cached["seconds"]
         return cached
+
+    def _release(self, name: str) -> None:
+        """Give a finished stage's freed memory back to the system before the next stage starts its servers (a
+        trainer's heap kept resident beside two vLLM servers woke the OOM killer); say how much it was."""
+        from sleuth.train.common import free_memory, resident_bytes
+
+        before = resident_bytes()
+        free_memory()
+        after = resident_bytes()
+        if before is not None and after is not None:
+            gib = 2**30
+            print(f"[{self.name}] stage {name} done: resident {before / gib:.1f} GiB, {after / gib:.1f} after freeing")
 
     def stage_dir(self, name: str, key: Any) -> Path:
         """The output directory of stage ``name`` run with ``key``: a new key trains into a new directory, so a stage

@@ -47,6 +47,16 @@ def test_stage_runs_once_per_key_and_refuses_other_settings(tmp_path: Path) -> N
     assert other != again.stage_dir("sft", {"lr": 1e-4}) and other.parent == tmp_path / "work"
 
 
+def test_a_stage_that_ran_gives_its_memory_back_and_says_how_much(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+    exp.stage("sft", {"lr": 1e-4}, lambda: {"model": "m"})
+    assert "[t] stage sft done: resident " in capsys.readouterr().out
+    Experiment("t", tmp_path / "work", tmp_path / "results").stage("sft", {"lr": 1e-4}, lambda: {"model": "m"})
+    assert "done: resident" not in capsys.readouterr().out  # a cached stage ran nothing
+
+
 def test_a_killed_stage_resumes_only_with_its_own_settings(tmp_path: Path) -> None:
     exp = Experiment("t", tmp_path / "work", tmp_path / "results")
 

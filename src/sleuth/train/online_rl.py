@@ -82,7 +82,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import gc
 import json
 import math
 import os
@@ -97,7 +96,7 @@ from typing import Any, Literal
 
 from sleuth.agents import Context
 from sleuth.records import Example, Trace
-from sleuth.train.common import TrainConfig, resolve_model, trim_log
+from sleuth.train.common import TrainConfig, free_memory, resolve_model, trim_log
 
 __all__ = ["DataParallel", "Episode", "RLConfig", "Task", "train_online"]
 
@@ -1489,7 +1488,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
     # gloo work objects (and their tensors) alive until interpreter teardown otherwise, where destroying them
     # aborted about one 2-process run in 20 after it had finished ("terminate called without an active exception").
     del llm, models, served
-    gc.collect()
+    free_memory()
     dist.barrier()
     close_process_group()
     return summary
