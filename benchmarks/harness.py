@@ -432,7 +432,7 @@ class Experiment:
 
     def _release(self, name: str) -> None:
         """Give a finished stage's freed memory back to the system before the next stage starts its servers (a
-        trainer's heap kept resident beside two vLLM servers woke the OOM killer); say how much it was."""
+        learn_s3 process with 10.8 GB resident after PPO was OOM-killed beside two vLLM servers); say how much."""
         from sleuth.train.common import free_memory, resident_bytes
 
         before = resident_bytes()

@@ -81,8 +81,7 @@ def test_exsearch_refuses_lora() -> None:
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's"
 )
 def test_free_memory_gives_the_freed_heap_back_to_the_system() -> None:
-    """Tensors freed between kept ones stay resident in glibc's heap (a finished trainer held 10.8 GB beside two
-    vLLM servers); ``free_memory`` returns them."""
+    """Tensors freed between kept ones stay resident in glibc's heap after ``gc``; ``free_memory`` returns them."""
     import gc
 
     import torch

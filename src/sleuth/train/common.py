@@ -17,6 +17,7 @@ template with ``{model}`` (``vllm:{model}?tensor_parallel=2``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -391,10 +392,10 @@ def free_memory() -> None:
     """Collect the models the caller just dropped and give their memory back to the system: before training loads
     two more copies, or before a benchmark starts engine servers beside a trainer that has finished.
 
-    ``gc.collect`` alone frees the tensors to glibc's allocator, which keeps most of it mapped: a learn_s3 process
-    still held 10.8 GB after its six PPO steps had ended, and the two vLLM servers of its evaluation then woke the
-    OOM killer on this 24 GiB machine. ``malloc_trim(0)`` returns the freed heap pages (glibc only; a no-op
-    elsewhere)."""
+    ``gc.collect`` alone frees tensors to glibc's allocator, which can keep freed heap pages resident (4 MB tensors
+    freed between kept ones: 1.6 GiB stayed resident until trimmed). A learn_s3 process was OOM-killed with 10.8 GB
+    resident when its evaluation started two vLLM servers after six PPO steps; how much of that was freed heap was
+    not measured. ``malloc_trim(0)`` returns the freed heap pages (glibc only; a no-op elsewhere)."""
     gc.collect()
     try:
         import torch
@@ -406,18 +407,22 @@ def free_memory() -> None:
     malloc_trim()
 
 
+@functools.cache
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    import ctypes
+
+    if sys.platform != "linux":
+        return None
+    try:  # the running process's own symbols: glibc's when it is linked against glibc
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # musl and others have no malloc_trim
+        return None
+
+
 def malloc_trim() -> bool:
     """glibc's ``malloc_trim(0)``: give the freed heap back to the system; False where there is no glibc."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if sys.platform != "linux" or name is None:
-        return False
-    try:
-        return bool(ctypes.CDLL(name).malloc_trim(0))
-    except (OSError, AttributeError):  # musl and others have no malloc_trim
-        return False
+    trim = _libc_malloc_trim()
+    return bool(trim(0)) if trim is not None else False
 
 
 def resident_bytes() -> int | None:
