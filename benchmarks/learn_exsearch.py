@@ -70,13 +70,27 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 RESULTS = REPO / "docs" / "results" / "learn_exsearch"
 FIREACT = REPO.parent / "shared" / "data" / "fireact" / "hotpotqa_react_trajectories.jsonl"
 METRICS = ("em", "f1")
+
+
 # The claims this benchmark is run to test, on the test split: harness.claims gives each the one-sided exact test
 # (results.json "claims", results.md "Claims"; benchmarks/recompute_claims.py redoes them from committed results)
-CLAIMS = [
-    {"name": "warm-up > base", "metric": "em", "before": "base", "after": "warm-up"},
-    {"name": "EM-2 > warm-up", "metric": "em", "before": "warm-up", "after": "em-1"},
-    {"name": "EM-2 > uniform-2", "metric": "em", "before": "uniform-1", "after": "em-1"},
-]
+def claims_for(iterations: int) -> list[dict[str, str]]:
+    """The claims of a run with ``iterations`` EM iterations: its last EM stage against the warm-up and against the
+    same iteration of the uniform ablation (claims whose stages a run lacks, e.g. ``--arms em``, are left out)."""
+    last = iterations - 1
+    return [
+        {"name": "warm-up > base", "metric": "em", "before": "base", "after": "warm-up"},
+        {"name": f"EM-{iterations} > warm-up", "metric": "em", "before": "warm-up", "after": f"em-{last}"},
+        {
+            "name": f"EM-{iterations} > uniform-{iterations}",
+            "metric": "em",
+            "before": f"uniform-{last}",
+            "after": f"em-{last}",
+        },
+    ]
+
+
+CLAIMS = claims_for(2)  # the reported run's (docs/results/learn_exsearch: two iterations)
 # --full, for a GPU: 1,000 E-step questions x K = 4 trajectories (best-of-8 each) per iteration, three iterations
 # (4,000 trajectories an iteration, 42x the CPU run's 96; the paper samples 10^4-10^5), a warm-up on 200 gold and
 # 100 FireAct trajectories, 200 test and 200 dev questions
@@ -153,12 +167,13 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "samples": args.samples,
             "iterations": args.iterations,
             "lr": lr(args.em_lr, 3e-5),
-            "epochs": 1,
+            "epochs": args.em_epochs,
             "batch": 8,
             "max_steps": -1,
             # keyed only when set, so the runs before the options keep their keys
             **({"best_of": args.best_of} if args.best_of != 8 else {}),
             **({"fresh_questions": True} if args.fresh_questions else {}),
+            **({"min_weight": args.min_weight} if args.min_weight else {}),
         },
     }
 
@@ -179,6 +194,7 @@ def em_config(s: dict[str, Any], args: argparse.Namespace, agent: Any, **fields:
         train_limit=em["questions"],
         fresh_questions=em.get("fresh_questions", False),
         best_of=em.get("best_of", 8),
+        min_weight=em.get("min_weight", 0.0),
         dev_limit=0,  # the benchmark evaluates dev itself, for every stage
         samples=em["samples"],
         iterations=em["iterations"],
@@ -219,6 +235,37 @@ def evaluate(
         "engine": engine,
         "model": str(model_dir),
     }
+
+
+def reuse_estep(exp: Experiment, arm_key: dict[str, Any], out: Path) -> str | None:
+    """Copy iteration 0's E-step (rollouts, weights, ``estep.json``) into ``out`` from a sibling EM stage that sampled
+    it with the same policy, questions, samples, best-of, agent and seed: the E-step depends on none of the M-step's
+    settings (learning rate, epochs, ``min_weight``), and on a 2-core CPU it is the costliest part, so a sweep of
+    M-step settings samples it once. Returns the donor's directory (None: nothing to reuse, or ``out`` has its own)."""
+    estep_fields = ("questions", "samples", "best_of", "fresh_questions")
+
+    def estep(key: dict[str, Any]) -> Any:
+        em = key.get("em") or {}
+        same = {k: key.get(k) for k in ("model", "agent", "seed", "weighting")}
+        return json.dumps([same, {f: em.get(f) for f in estep_fields}], sort_keys=True, default=str)
+
+    target = out / "iter0"
+    if (target / "weighted.jsonl").exists():
+        return None
+    wanted = estep(json.loads(json.dumps(arm_key, default=str)))
+    for name, key in exp.stage_keys("em", unfinished=True).items():
+        donor = exp.work / name / "iter0"
+        if donor == target or estep(key) != wanted:
+            continue
+        if (donor / "weighted.jsonl").exists() and (donor / "estep.json").exists():
+            target.mkdir(parents=True, exist_ok=True)
+            if (donor / "rollouts").exists() and not (target / "rollouts").exists():
+                shutil.copytree(donor / "rollouts", target / "rollouts")
+            for file in ("estep.json", "weighted.jsonl"):  # weights last: their presence means the E-step is done
+                shutil.copy2(donor / file, target / file)
+            print(f"[{exp.name}] {out.name}: iteration 0's E-step reused from {donor.parent.name}", flush=True)
+            return str(donor.parent)
+    return None
 
 
 def effective_sample_size(weighted: Path) -> float | None:
@@ -295,6 +342,29 @@ def main() -> None:
         "--warmup-lr", type=float, default=None, help="default 1e-4, 1e-3 with --smoke (paper: 2e-6 for 3B-24B)"
     )
     parser.add_argument("--em-lr", type=float, default=None, help="default 3e-5, 1e-3 with --smoke (paper: 2e-6)")
+    parser.add_argument("--em-epochs", type=int, default=1, help="M-step epochs over an iteration's trajectories")
+    parser.add_argument(
+        "--min-weight",
+        type=float,
+        default=0.0,
+        help="M-step: leave out trajectories with w(z) <= this (default 0: all; the paper's weights are mostly "
+        "~1e-14, whose records cost a full forward and backward pass each and move nothing)",
+    )
+    parser.add_argument(
+        "--group",
+        default=None,
+        help="a sweep's name: this EM setting is one of its trials, evaluated on dev first and recorded in "
+        "trials.json; its test evaluation is refused until the group's dev choice is recorded (--choose)",
+    )
+    parser.add_argument(
+        "--dev-only", action="store_true", help="with --group: record the trial on dev and stop (no test, no report)"
+    )
+    parser.add_argument(
+        "--choose",
+        action="store_true",
+        help="with --group: first record the group's dev choice (Experiment.choose: the best dev EM of the last EM "
+        "stage among the recorded trials), then evaluate this setting on test",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument(
         "--engine",
@@ -304,6 +374,8 @@ def main() -> None:
     args = parse_sized(parser, FULL)
     if not args.arms or not set(args.arms) <= {"em", "uniform"}:
         parser.error(f"--arms takes em and/or uniform, not {args.arms}")
+    if (args.dev_only or args.choose) and not args.group:
+        parser.error("--dev-only and --choose belong to a sweep: name it with --group")
     from sleuth.train.common import auto_engine
 
     args.engine = "hf" if args.smoke and args.engine == "auto" else auto_engine(args.engine)
@@ -317,7 +389,7 @@ def main() -> None:
 
     s = settings(args)
     work, results = run_dirs("learn_exsearch", args, RESULTS)
-    exp = Experiment("learn_exsearch", work, results, args.seed, claims=CLAIMS)
+    exp = Experiment("learn_exsearch", work, results, args.seed, claims=claims_for(s["em"]["iterations"]))
     agent = ExSearchConfig(
         k=s["eval"]["k"],
         max_steps=4,
@@ -334,8 +406,12 @@ def main() -> None:
     train = list(load_synth(world / "train.jsonl"))
     evaluations: dict[str, dict[str, dict[str, Any]]] = {"dev": {}, "test": {}}
 
-    def measure(stage: str, model: Path) -> None:
-        for split, examples in splits.items():
+    def measure(stage: str, model: Path, names: tuple[str, ...] = ("dev", "test")) -> None:
+        """Evaluate ``model`` on the splits ``names``. With ``--group`` an EM stage's test evaluation belongs to the
+        group: the harness refuses it before the group's dev choice."""
+        group = args.group if stage.split("-")[0] in ("em", "uniform") else None
+        for split in names:
+            examples = splits[split]
             key = {"model": str(model), "questions": len(examples), "agent": agent_key}
             traces = exp.work / "eval" / split / f"{stage}-{key_hash(key)}.traces.jsonl"
             evaluations[split][stage] = exp.evaluate(
@@ -345,6 +421,7 @@ def main() -> None:
                 lambda examples=examples, traces=traces: evaluate(
                     model, examples, index, agent, args.llm_options, traces, args.engine
                 ),
+                group=group,
             )
 
     base = base_model(args.smoke, exp.work)
@@ -387,6 +464,8 @@ def main() -> None:
 
         def run_arm(arm: str = arm, arm_key: dict[str, Any] = arm_key, weighting: str = weighting) -> dict[str, Any]:
             out = exp.stage_dir(arm, arm_key)
+            if weighting == "likelihood":
+                reuse_estep(exp, arm_key, out)
             shared = Path(arms["em"]["dir"]) / "iter0" / "rollouts" if "em" in arms else None
             mine = out / "iter0" / "rollouts"
             if weighting == "uniform" and shared is not None and shared.exists() and not mine.exists():
@@ -417,15 +496,30 @@ def main() -> None:
             weighted = Path(arms[arm]["dir"]) / f"iter{it['iteration']}" / "weighted.jsonl"
             if weighted.exists():
                 it["ess"] = effective_sample_size(weighted)
-        for it in arms[arm]["iterations"]:
-            measure(f"{arm}-{it['iteration']}", Path(it["model"]))
+        for it in arms[arm]["iterations"]:  # with --group, dev first: the test split waits for the group's choice
+            measure(f"{arm}-{it['iteration']}", Path(it["model"]), ("dev",) if args.group else ("dev", "test"))
+
+    trial_settings = {**s, "agent": agent_key, "engine": args.engine, "arms": sorted(args.arms)}
+    last = f"em-{s['em']['iterations'] - 1}" if "em" in arms else f"uniform-{s['em']['iterations'] - 1}"
+    if args.group:  # the setting is a trial of the group: its dev values are recorded before any test evaluation
+        exp.record_trial(trial_settings, evaluations["dev"], "em", group=args.group, reference="warm-up")
+        if args.dev_only:
+            print(f"[{exp.name}] trial of {args.group!r} recorded on dev: {exp.results / 'trials.json'}", flush=True)
+            return
+        if args.choose:
+            exp.choose(args.group, last)
+        for arm in arms:
+            for it in arms[arm]["iterations"]:
+                measure(f"{arm}-{it['iteration']}", Path(it["model"]), ("test",))
+    tested = {k: v for k, v in evaluations["test"].items() if k.split("-")[0] in ("em", "uniform")}
 
     pairs = [("warm-up", "base")]
     for i in range(s["em"]["iterations"]):  # a pair with an arm not run is skipped (exp.differences)
         pairs += [(f"em-{i}", "warm-up"), (f"uniform-{i}", "warm-up"), (f"em-{i}", f"uniform-{i}")]
     differences = {split: exp.differences(evaluations[split], pairs, METRICS) for split in evaluations}
-    trial_settings = {**s, "agent": agent_key, "engine": args.engine, "arms": sorted(args.arms)}
-    trials = exp.record_trial(trial_settings, evaluations["dev"], "em")
+    trials = exp.record_trial(
+        trial_settings, evaluations["dev"], "em", group=args.group, test=tested, reference="warm-up"
+    )
 
     test = evaluations["test"]
     curve = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +126,68 @@ def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_pa
     assert ess([0.9] * 8 + [1e-12] * 88) == pytest.approx(8, rel=1e-6)
     assert ess([0.0] * 8) == 0.0
     assert ess([]) is None
+
+
+def test_exsearch_m_step_settings_reuse_the_e_step_that_sampled_the_same_trajectories(tmp_path: Path) -> None:
+    from learn_exsearch import reuse_estep
+
+    exp = Experiment("t", tmp_path / "work", tmp_path / "results")
+    em = {"questions": 96, "samples": 4, "lr": 3e-5, "epochs": 1, "best_of": 1, "fresh_questions": True}
+    donor_key = {"model": "warm", "em": em, "agent": {"k": 2}, "seed": 0, "weighting": "likelihood"}
+    donor = exp.stage_dir("em", donor_key)
+    (donor / "iter0" / "rollouts").mkdir(parents=True)
+    (donor / "iter0" / "rollouts" / "part.jsonl").write_text("{}\n")
+    (donor / "iter0" / "estep.json").write_text("{}")
+    (donor / "iter0" / "weighted.jsonl").write_text('{"weight": 0.5}\n')
+    (exp.work / "stages").mkdir()
+    (exp.work / "stages" / f"{donor.name}.key.json").write_text(json.dumps({"key": donor_key}))  # killed in M-step
+
+    def key(**changes: Any) -> dict[str, Any]:
+        return {**donor_key, "em": {**em, **changes.pop("em", {})}, **changes}
+
+    other_lr = key(em={"lr": 1e-4, "epochs": 2, "min_weight": 0.01})
+    assert reuse_estep(exp, other_lr, exp.stage_dir("em", other_lr)) == str(donor)
+    copied = exp.stage_dir("em", other_lr) / "iter0"
+    assert (copied / "weighted.jsonl").read_text() == '{"weight": 0.5}\n' and (
+        copied / "rollouts" / "part.jsonl"
+    ).exists()
+    assert reuse_estep(exp, other_lr, exp.stage_dir("em", other_lr)) is None  # has its own now
+    # a different E-step (samples, questions, policy, best-of) is never reused
+    for changed in (key(em={"samples": 2}), key(em={"questions": 24}), key(model="other"), key(em={"best_of": 8})):
+        assert reuse_estep(exp, changed, exp.stage_dir("em", changed)) is None
+        assert not (exp.stage_dir("em", changed) / "iter0").exists()
+
+
+@pytest.mark.slow
+def test_learn_exsearch_sweep_records_dev_first_and_reuses_its_e_step(tmp_path: Path) -> None:
+    """benchmarks/learn_exsearch.py --smoke end to end (tiny random model, hf): two M-step settings of one sweep; the
+    second reuses the first's E-step, the test split is refused before the group's dev choice, and every trial's
+    test value is listed once chosen."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "learn_exsearch.py"
+    results = tmp_path / "results"
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = [sys.executable, str(script), "--smoke", "--work", str(tmp_path / "work"), "--results", str(results)]
+        args += ["--arms", "em", "--best-of", "1", "--group", "m", *extra]
+        return subprocess.run(args, capture_output=True, text=True, timeout=900)
+
+    done = run("--dev-only")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not list((tmp_path / "work" / "eval" / "test").glob("em-0-*"))
+    refused = run("--em-lr", "2e-3")  # test before the choice
+    assert refused.returncode != 0 and "dev choice of group 'm'" in refused.stderr
+    assert "E-step reused" in refused.stdout
+    done = run("--em-lr", "2e-3", "--choose")
+    assert done.returncode == 0, done.stderr[-3000:]
+    entries = json.loads((results / "trials.json").read_text())
+    trials = [t for t in entries if "settings" in t]
+    assert [t["settings"]["em"]["lr"] for t in trials] == [1e-3, 2e-3] and all(t["group"] == "m" for t in trials)
+    assert "test" not in trials[0] and "em-0" in trials[1]["test"]
+    assert [t["choice"] for t in entries if "choice" in t] == ["m"]
+    written = json.loads((results / "results.json").read_text())
+    assert [c["name"] for c in written["claims"]] == ["warm-up > base", "EM-1 > warm-up"]
 
 
 @pytest.mark.parametrize("group", ["ppo", "grpo"])  # learn_s3's PPO, learn_arena's GRPO
