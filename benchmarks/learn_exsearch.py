@@ -281,15 +281,23 @@ def effective_sample_size(weighted: Path) -> float | None:
     return sum(weights) ** 2 / squares if squares > 0 else 0.0
 
 
+def mass_trained(weighted: Path, min_weight: float) -> float | None:
+    """The share of an iteration's total weight sum(w) that the M-step trains on: the trajectories with
+    w > ``min_weight`` (1.0 with the default 0 unless weights are 0). None when the weights sum to 0."""
+    weights = [float(json.loads(line)["weight"]) for line in weighted.read_text().splitlines() if line.strip()]
+    total = sum(weights)
+    return sum(w for w in weights if w > min_weight) / total if total > 0 else None
+
+
 def weight_table(arms: dict[str, dict[str, Any]]) -> list[str]:
     """The E-step trajectories of each EM iteration: weights (as the M-step saw them), ESS, searches, M-step loss."""
     lines = [
         "E-step trajectories per iteration (training questions, sampled at T=0.8; weights before training; ESS = "
         "Kish's effective sample size over the iteration's trajectories, the number the M-step in effect trains on):",
         "",
-        "| arm | iteration | trajectories | sampled EM | mean w | median w | w > 0.5 | ESS | searches | M-step loss "
-        "first -> last |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | iteration | trajectories | sampled EM | mean w | median w | w > 0.5 | ESS | trained (share of sum w) "
+        "| searches | M-step loss first -> last |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, record in arms.items():
         for it in record["iterations"]:
@@ -297,10 +305,12 @@ def weight_table(arms: dict[str, dict[str, Any]]) -> list[str]:
             w = traj.get("weight") or {}
             first, last, ess = m.get("first_loss"), m.get("last_loss"), it.get("ess")
             sampled = traj.get("sampled_em")
+            share = it.get("mass_trained")
+            trained = f"{m.get('trained', traj.get('n'))}" + ("" if share is None else f" ({100 * share:.1f}%)")
             lines.append(
                 f"| {arm} | {it['iteration']} | {traj.get('n')} | {'-' if sampled is None else f'{100 * sampled:.1f}'}"
                 f" | {w.get('mean', 0):.3f} | {w.get('median', 0):.3f} | {w.get('above_0.5')} | "
-                f"{'-' if ess is None else f'{ess:.2f}'} | {traj.get('searches_per_trajectory', 0):.2f} | "
+                f"{'-' if ess is None else f'{ess:.2f}'} | {trained} | {traj.get('searches_per_trajectory', 0):.2f} | "
                 f"{'-' if first is None else f'{first:.3f}'} -> {'-' if last is None else f'{last:.3f}'} |"
             )
     return lines
@@ -496,6 +506,7 @@ def main() -> None:
             weighted = Path(arms[arm]["dir"]) / f"iter{it['iteration']}" / "weighted.jsonl"
             if weighted.exists():
                 it["ess"] = effective_sample_size(weighted)
+                it["mass_trained"] = mass_trained(weighted, s["em"].get("min_weight", 0.0))
         for it in arms[arm]["iterations"]:  # with --group, dev first: the test split waits for the group's choice
             measure(f"{arm}-{it['iteration']}", Path(it["model"]), ("dev",) if args.group else ("dev", "test"))
 

@@ -128,6 +128,18 @@ def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_pa
     assert ess([]) is None
 
 
+def test_exsearch_report_says_how_much_of_the_weight_a_pruned_m_step_trains_on(tmp_path: Path) -> None:
+    from learn_exsearch import mass_trained
+
+    path = tmp_path / "weighted.jsonl"
+    path.write_text("".join(json.dumps({"weight": w}) + "\n" for w in [0.9, 0.1, 0.005, 0.005, 1e-14]))
+    assert mass_trained(path, 0.0) == pytest.approx(1.0)
+    assert mass_trained(path, 0.01) == pytest.approx(1.0 / 1.01)
+    assert mass_trained(path, 0.5) == pytest.approx(0.9 / 1.01)
+    path.write_text(json.dumps({"weight": 0.0}) + "\n")
+    assert mass_trained(path, 0.0) is None
+
+
 def test_exsearch_m_step_settings_reuse_the_e_step_that_sampled_the_same_trajectories(tmp_path: Path) -> None:
     from learn_exsearch import reuse_estep
 
