@@ -24,6 +24,17 @@ from ``benchmarks/harness.py``: a rerun resumes; each EM setting (``--em-questio
 trains into its own directory next to the others on the same warm-up, while a changed setting of the world or the
 warm-up is an error naming the files to remove (results of two settings are never mixed).
 
+M-step settings (``--em-lr``, ``--em-epochs``, ``--min-weight``) are swept on dev as a group: each run with
+``--group NAME`` evaluates its EM stages on dev and records a trial in ``trials.json`` (``--dev-only`` stops there);
+``--choose`` records the group's choice (the best dev EM of the last EM stage) before this run's test evaluation, and
+the test split of a group's stage is refused until then. Iteration 0's E-step depends on none of these settings, so
+a new setting copies it from a sibling EM stage that sampled the same questions from the same policy
+(:func:`reuse_estep`): a sweep samples once. ``--min-weight`` leaves trajectories with w(z) at or below it out of
+the M-step; the report gives how many were trained on and their share of the iteration's weight.
+
+    python benchmarks/learn_exsearch.py --arms em --em-questions 96 --samples 4 --best-of 1 --fresh-questions \
+        --iterations 1 --test-questions 200 --min-weight 0.01 --group mstep --dev-only  # then --em-lr 1e-4 --choose
+
 The scale is tiny next to the paper's (tens of E-step questions instead of 10^4-10^5, a 135M model, k=2 documents
 per search, one EM iteration by default), so learning rates are raised; the point is the direction and whether
 the weighting matters, not the paper's numbers.
