@@ -44,12 +44,13 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     content_hash,
     declare,
     difference_table,
+    key_hash,
     runs_home,
     stage_table,
 )
 
 # what each source benchmark's evaluation reports (the first metric is the default claim's)
-METRICS = {"learn_acesearcher": ["em", "f1"], "learn_s3": ["genacc", "genacc_naive"]}
+METRICS = {"learn_acesearcher": ["em", "f1"], "learn_exsearch": ["em", "f1"], "learn_s3": ["genacc", "genacc_naive"]}
 # learn_s3's default --llm-options (its results.json settings do not record them)
 S3_LLM_OPTIONS = "threads=2&max_batch=32"
 
@@ -57,10 +58,11 @@ S3_LLM_OPTIONS = "threads=2&max_batch=32"
 def agent_from(benchmark: str, settings: dict[str, Any]) -> Any:
     """The source run's greedy agent (its ``results.json`` ``settings.agent``)."""
     from sleuth.agents.acesearcher import AceSearcherConfig
+    from sleuth.agents.exsearch import ExSearchConfig
     from sleuth.agents.s3 import S3Config
     from sleuth.train.config import from_mapping
 
-    config = S3Config if benchmark == "learn_s3" else AceSearcherConfig
+    config = {"learn_s3": S3Config, "learn_exsearch": ExSearchConfig}.get(benchmark, AceSearcherConfig)
     return from_mapping(config, settings["agent"], source="settings.agent")
 
 
@@ -91,9 +93,10 @@ def declaration(args: argparse.Namespace, source: dict[str, Any], models: dict[s
         "engine": args.engine,
         "llm_options": source["settings"].get("llm_options", S3_LLM_OPTIONS),
     }
+    if benchmark != "learn_acesearcher":  # absent in declarations made before other benchmarks were supported
+        declared["benchmark"] = benchmark
     if benchmark == "learn_s3":  # the frozen generator, and s3's Gain Beyond RAG on the same evaluations
         generator = generator_of(source, args.generator)
-        declared["benchmark"] = benchmark
         declared["generator"] = {"path": str(generator), "sha256": content_hash(generator)}
         declared["also"] = [
             {
@@ -121,7 +124,9 @@ def tested(declared: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", required=True, help="a learn_acesearcher results directory (its settings)")
+    parser.add_argument(
+        "--source", required=True, help="a learn_acesearcher, learn_exsearch or learn_s3 results directory"
+    )
     parser.add_argument("--before", required=True, help="STAGE=MODEL_DIR, the claim's baseline")
     parser.add_argument("--after", required=True, help="STAGE=MODEL_DIR, the claim's trained model")
     parser.add_argument("--claim", required=True, help="the claim's name")
@@ -196,6 +201,9 @@ def main() -> None:
                     if generator is not None:
                         key["generator"] = str(generator.model_dir)
                     run = evaluation(benchmark, server, generator, examples, index, agent, options, args.engine)
+                    if benchmark == "learn_exsearch":
+                        traces = work / "eval" / f"world-{seed}" / f"{stage}-{key_hash(key)}.traces.jsonl"
+                        run = functools.partial(exsearch_evaluation, server, examples, index, agent, traces)
                     per_world[f"{stage}@{seed}"] = exp.evaluate(stage, f"world-{seed}", key, run)
     pooled: dict[str, dict[str, Any]] = {}
     for stage in models:
@@ -236,6 +244,19 @@ def main() -> None:
         cells = [f"{100 * per_world[f'{s}@{seed}']['ci'][m]['mean']:.1f}" for s, m in columns]
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     exp.write(results, "\n".join(lines) + "\n")
+
+
+def exsearch_evaluation(
+    server: ModelServer, examples: list[Any], index: str, agent: Any, traces: Path
+) -> dict[str, Any]:
+    """learn_exsearch's greedy evaluation of the server's model on one world: per-question EM and F1, searches."""
+    from sleuth.retrieval import load_retriever
+    from sleuth.train.exsearch_em import evaluate
+
+    traces.parent.mkdir(parents=True, exist_ok=True)
+    result = evaluate(examples, server.get(), load_retriever(index), agent, traces, 64)
+    per_example = {"em": result["per_example_em"], "f1": result["per_example_f1"]}
+    return {"per_example": per_example, "searches": result["searches"], "errors": result["errors"]}
 
 
 def evaluation(

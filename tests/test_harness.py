@@ -789,6 +789,29 @@ def test_fresh_worlds_declares_first_then_evaluates_each_world_and_refuses_anoth
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_fresh_worlds_tests_exsearch_models_with_learn_exsearch_s_agent(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """fresh_worlds.py on a learn_exsearch source (the committed E-step x4 sweep; tiny model, hf engine): its world
+    settings with another seed, its greedy exsearch agent, EM and F1 per question, the claim judged on them."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fresh_worlds.py"
+    source = Path(__file__).resolve().parents[1] / "docs" / "results" / "learn_exsearch" / "estep96"
+    results = tmp_path / "results"
+    args = [sys.executable, str(script), "--source", str(source), "--before", f"warm-up={tiny_model_dir}"]
+    args += ["--after", f"em-0={tiny_model_dir}", "--claim", "EM-1 > warm-up", "--results", str(results)]
+    args += ["--work", str(tmp_path / "work"), "--seeds", "7", "--questions", "3", "--engine", "hf"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    declared = json.loads((results / "declaration.json").read_text())
+    assert declared["benchmark"] == "learn_exsearch" and declared["worlds"][0]["train_questions"] == 2000
+    assert declared["agent"]["max_steps"] == 4 and declared["claim"]["metric"] == "em"
+    written = json.loads((results / "results.json").read_text())
+    assert set(written["worlds"]) == {"warm-up@7", "em-0@7"}
+    assert set(written["worlds"]["em-0@7"]["per_example"]) == {"em", "f1"}
+    assert [(c["name"], c["n"]) for c in written["claims"]] == [("EM-1 > warm-up", 3)]
+    assert list((tmp_path / "work" / "eval" / "world-7").glob("em-0-*.traces.jsonl"))  # the agent's traces
+
+
 def test_fresh_worlds_tests_s3_searchers_with_the_declared_generator_and_adds_gain_beyond_rag(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
