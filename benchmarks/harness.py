@@ -305,6 +305,26 @@ def parse_sized(parser: argparse.ArgumentParser, full: dict[str, Any]) -> argpar
     return args
 
 
+def add_sweep_arguments(parser: argparse.ArgumentParser, chosen_by: str) -> None:
+    """``--group``, ``--dev-only`` and ``--choose``: a setting as one trial of a sweep chosen on dev
+    (:meth:`Experiment.record_trial`, :meth:`Experiment.choose`); ``chosen_by`` says what the choice ranks."""
+    parser.add_argument(
+        "--group",
+        default=None,
+        help="a sweep's name: this setting is one of its trials, evaluated on dev first and recorded in trials.json; "
+        "its test evaluation is refused until the group's dev choice is recorded (--choose)",
+    )
+    parser.add_argument(
+        "--dev-only", action="store_true", help="with --group: record the trial on dev and stop (no test, no report)"
+    )
+    parser.add_argument(
+        "--choose",
+        action="store_true",
+        help=f"with --group: first record the group's dev choice (Experiment.choose: {chosen_by} among the recorded "
+        "trials), then evaluate this setting on test",
+    )
+
+
 def _sizes(full: dict[str, Any]) -> str:
     return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in full.items()).replace("%", "%%")
 

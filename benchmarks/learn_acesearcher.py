@@ -51,6 +51,7 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
     ModelServer,
+    add_sweep_arguments,
     base_model,
     copy_tree_atomic,
     difference_table,
@@ -558,21 +559,7 @@ def main() -> None:
         help="stop after the base and SFT evaluations, without a report (e.g. to check that a fresh work directory "
         "trains the same SFT model and reads its committed evaluations back)",
     )
-    parser.add_argument(
-        "--group",
-        default=None,
-        help="a sweep's name: this setting is one of its trials, evaluated on dev first and recorded in trials.json; "
-        "its test evaluation is refused until the group's dev choice is recorded (--choose)",
-    )
-    parser.add_argument(
-        "--dev-only", action="store_true", help="with --group: record the trial on dev and stop (no test, no report)"
-    )
-    parser.add_argument(
-        "--choose",
-        action="store_true",
-        help="with --group: first record the group's dev choice (Experiment.choose: the best dev EM of the last "
-        "mDPO stage among the recorded trials), then evaluate this setting on test",
-    )
+    add_sweep_arguments(parser, "the best dev EM of the last mDPO stage")
     parser.add_argument(
         "--tie-break",
         choices=("earliest", "fewest-changed"),

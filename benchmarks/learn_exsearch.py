@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
+    add_sweep_arguments,
     base_model,
     difference_table,
     key_hash,
@@ -371,21 +372,7 @@ def main() -> None:
         help="M-step: leave out trajectories with w(z) <= this (default 0: all; the paper's weights are mostly "
         "~1e-14, whose records cost a full forward and backward pass each and move nothing)",
     )
-    parser.add_argument(
-        "--group",
-        default=None,
-        help="a sweep's name: this EM setting is one of its trials, evaluated on dev first and recorded in "
-        "trials.json; its test evaluation is refused until the group's dev choice is recorded (--choose)",
-    )
-    parser.add_argument(
-        "--dev-only", action="store_true", help="with --group: record the trial on dev and stop (no test, no report)"
-    )
-    parser.add_argument(
-        "--choose",
-        action="store_true",
-        help="with --group: first record the group's dev choice (Experiment.choose: the best dev EM of the last EM "
-        "stage among the recorded trials), then evaluate this setting on test",
-    )
+    add_sweep_arguments(parser, "the best dev EM of the last EM stage")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument(
         "--engine",
