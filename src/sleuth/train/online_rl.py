@@ -1150,7 +1150,7 @@ def _update(
                         # as share but with a seq-* aggregation), so that no grouping changes them
                         bonus = config.entropy_coef * entropy * token_share if config.entropy_coef else 0.0
                         loss = loss + policy_loss * share - bonus
-                        logged["loss"] += float(policy_loss.detach()) * share - float(bonus)
+                        logged["loss"] += float(policy_loss.detach()) * share - float(torch.as_tensor(bonus).detach())
                         logged["entropy"] += float(entropy.detach()) * token_share
                         for k, v in terms.items():
                             logged[k] += float(v) * token_share
