@@ -10,9 +10,10 @@ SmolLM2-135M-Instruct on CPU then goes through ExSearch's recipe and the same qu
    when present + gold trajectories from the world's training decompositions), observation tokens masked;
 3. ``em-t``: after EM iteration t with the paper's weights w(z) = p(gold | x, z) (Algorithm 1);
 4. ``uniform-t``: the same iterations with every weight 1 (naive self-training, the paper's ablation). Iteration 0
-   of both arms trains on the *same* sampled trajectories (the E-step rollouts are shared), so the two differ only
-   in the weighting. The paper's direction is EM > uniform. ``--arms em`` leaves the ablation out (each later
-   iteration of it samples its own E-step, the costliest part on a CPU).
+   of both arms trains on the *same* sampled trajectories (the E-step is shared: ``reuse_estep`` gives the uniform
+   arm the em arm's scored records with every weight 1), so the two differ only in the weighting. The paper's
+   direction is EM > uniform. ``--arms em`` leaves the ablation out (each later iteration of it samples its own
+   E-step, the costliest part on a CPU); ``--arms uniform`` alone reuses a finished em stage's E-step.
 
 Every stage is evaluated on two splits of the world, whose entities are disjoint from training and from each other:
 ``dev`` (the first ``--dev-questions`` of the world's dev split), on which settings are compared and every setting
@@ -250,32 +251,48 @@ def evaluate(
 
 
 def reuse_estep(exp: Experiment, arm_key: dict[str, Any], out: Path) -> str | None:
-    """Copy iteration 0's E-step (rollouts, weights, ``estep.json``) into ``out`` from a sibling EM stage that sampled
+    """Copy iteration 0's E-step (rollouts, weights, ``estep.json``) into ``out`` from a sibling stage that sampled
     it with the same policy, questions, samples, best-of, agent and seed: the E-step depends on none of the M-step's
     settings (learning rate, epochs, ``min_weight``), and on a 2-core CPU it is the costliest part, so a sweep of
-    M-step settings samples it once. Returns the donor's directory (None: nothing to reuse, or ``out`` has its own)."""
+    M-step settings samples it once. The donor has the same weighting, or ``out`` is the uniform ablation: its
+    records are the donor's (the same trajectories, the same scored log p(y | x, z)) with every weight set to 1,
+    exactly what its own E-step would have produced from those rollouts, so "EM > uniform" compares the weights
+    alone. Returns the donor's directory (None: nothing to reuse, or ``out`` has its own)."""
     estep_fields = ("questions", "samples", "best_of", "fresh_questions")
 
     def estep(key: dict[str, Any]) -> Any:
         em = key.get("em") or {}
-        same = {k: key.get(k) for k in ("model", "agent", "seed", "weighting")}
+        same = {k: key.get(k) for k in ("model", "agent", "seed")}
         return json.dumps([same, {f: em.get(f) for f in estep_fields}], sort_keys=True, default=str)
 
     target = out / "iter0"
     if (target / "weighted.jsonl").exists():
         return None
-    wanted = estep(json.loads(json.dumps(arm_key, default=str)))
-    for name, key in exp.stage_keys("em", unfinished=True).items():
+    wanted = json.loads(json.dumps(arm_key, default=str))
+    weighting = wanted.get("weighting")
+    donors = {**exp.stage_keys("em", unfinished=True), **exp.stage_keys("uniform", unfinished=True)}
+    for name, key in donors.items():
         donor = exp.work / name / "iter0"
-        if donor == target or estep(key) != wanted:
+        if donor == target or estep(key) != estep(wanted):
+            continue
+        if key.get("weighting") != weighting and weighting != "uniform":
             continue
         if (donor / "weighted.jsonl").exists() and (donor / "estep.json").exists():
             target.mkdir(parents=True, exist_ok=True)
             if (donor / "rollouts").exists() and not (target / "rollouts").exists():
                 shutil.copytree(donor / "rollouts", target / "rollouts")
-            for file in ("estep.json", "weighted.jsonl"):  # weights last: their presence means the E-step is done
-                shutil.copy2(donor / file, target / file)
-            print(f"[{exp.name}] {out.name}: iteration 0's E-step reused from {donor.parent.name}", flush=True)
+            shutil.copy2(donor / "estep.json", target / "estep.json")
+            # weights last: their presence means the E-step is done
+            if key.get("weighting") == weighting:
+                shutil.copy2(donor / "weighted.jsonl", target / "weighted.jsonl")
+            else:  # the uniform ablation from another weighting's E-step: w(z) = 1
+                info = json.loads((target / "estep.json").read_text())
+                info["weights_from"] = f"{name}, every weight set to 1"
+                (target / "estep.json").write_text(json.dumps(info, indent=1))
+                lines = (donor / "weighted.jsonl").read_text().splitlines()
+                records = [{**json.loads(line), "weight": 1.0} for line in lines if line.strip()]
+                (target / "weighted.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            print(f"[{exp.name}] {out.name}: iteration 0's E-step reused from {name}", flush=True)
             return str(donor.parent)
     return None
 
@@ -472,13 +489,7 @@ def main() -> None:
 
         def run_arm(arm: str = arm, arm_key: dict[str, Any] = arm_key, weighting: str = weighting) -> dict[str, Any]:
             out = exp.stage_dir(arm, arm_key)
-            if weighting == "likelihood":
-                reuse_estep(exp, arm_key, out)
-            shared = Path(arms["em"]["dir"]) / "iter0" / "rollouts" if "em" in arms else None
-            mine = out / "iter0" / "rollouts"
-            if weighting == "uniform" and shared is not None and shared.exists() and not mine.exists():
-                mine.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copytree(shared, mine)
+            reuse_estep(exp, arm_key, out)  # the uniform arm: the em arm's trajectories, every weight 1
             config = em_config(
                 s,
                 args,

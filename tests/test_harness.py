@@ -5,6 +5,7 @@ and the trials list."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -150,7 +151,7 @@ def test_exsearch_m_step_settings_reuse_the_e_step_that_sampled_the_same_traject
     (donor / "iter0" / "rollouts").mkdir(parents=True)
     (donor / "iter0" / "rollouts" / "part.jsonl").write_text("{}\n")
     (donor / "iter0" / "estep.json").write_text("{}")
-    (donor / "iter0" / "weighted.jsonl").write_text('{"weight": 0.5}\n')
+    (donor / "iter0" / "weighted.jsonl").write_text('{"weight": 0.5, "log_p_answer": -0.7}\n')
     (exp.work / "stages").mkdir()
     (exp.work / "stages" / f"{donor.name}.key.json").write_text(json.dumps({"key": donor_key}))  # killed in M-step
 
@@ -160,7 +161,7 @@ def test_exsearch_m_step_settings_reuse_the_e_step_that_sampled_the_same_traject
     other_lr = key(em={"lr": 1e-4, "epochs": 2, "min_weight": 0.01})
     assert reuse_estep(exp, other_lr, exp.stage_dir("em", other_lr)) == str(donor)
     copied = exp.stage_dir("em", other_lr) / "iter0"
-    assert (copied / "weighted.jsonl").read_text() == '{"weight": 0.5}\n' and (
+    assert (copied / "weighted.jsonl").read_text() == '{"weight": 0.5, "log_p_answer": -0.7}\n' and (
         copied / "rollouts" / "part.jsonl"
     ).exists()
     assert reuse_estep(exp, other_lr, exp.stage_dir("em", other_lr)) is None  # has its own now
@@ -168,6 +169,21 @@ def test_exsearch_m_step_settings_reuse_the_e_step_that_sampled_the_same_traject
     for changed in (key(em={"samples": 2}), key(em={"questions": 24}), key(model="other"), key(em={"best_of": 8})):
         assert reuse_estep(exp, changed, exp.stage_dir("em", changed)) is None
         assert not (exp.stage_dir("em", changed) / "iter0").exists()
+    # the uniform ablation takes the same trajectories and scores with every weight 1 ...
+    uniform = key(weighting="uniform", em={"lr": 1e-4, "epochs": 2})
+    assert reuse_estep(exp, uniform, exp.stage_dir("uniform", uniform)) == str(donor)
+    mine = exp.stage_dir("uniform", uniform) / "iter0"
+    assert [json.loads(line) for line in (mine / "weighted.jsonl").read_text().splitlines()] == [
+        {"weight": 1.0, "log_p_answer": -0.7}
+    ]
+    assert "set to 1" in json.loads((mine / "estep.json").read_text())["weights_from"]
+    # ... but a weighted arm never takes the uniform arm's weights
+    alone = Experiment("t", tmp_path / "alone", tmp_path / "results2")
+    (alone.work / "stages").mkdir(parents=True)
+    only = alone.stage_dir("uniform", uniform)
+    shutil.copytree(mine, only / "iter0")
+    (alone.work / "stages" / f"{only.name}.json").write_text(json.dumps({"key": uniform}))
+    assert reuse_estep(alone, other_lr, alone.stage_dir("em", other_lr)) is None
 
 
 @pytest.mark.slow
@@ -200,6 +216,17 @@ def test_learn_exsearch_sweep_records_dev_first_and_reuses_its_e_step(tmp_path: 
     assert [t["choice"] for t in entries if "choice" in t] == ["m"]
     written = json.loads((results / "results.json").read_text())
     assert [c["name"] for c in written["claims"]] == ["warm-up > base", "EM-1 > warm-up"]
+    # the uniform ablation of the chosen setting trains on the chosen em stage's E-step with every weight 1
+    args = [sys.executable, str(script), "--smoke", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "u")]
+    args += ["--arms", "em,uniform", "--best-of", "1", "--em-lr", "2e-3"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "uniform-" in done.stdout and "E-step reused" in done.stdout
+    (uniform,) = (tmp_path / "work").glob("uniform-*/iter0/weighted.jsonl")
+    weights = [json.loads(line)["weight"] for line in uniform.read_text().splitlines()]
+    assert weights and set(weights) == {1.0}
+    written = json.loads((tmp_path / "u" / "results.json").read_text())
+    assert "EM-1 > uniform-1" in [c["name"] for c in written["claims"]]
 
 
 @pytest.mark.parametrize("group", ["ppo", "grpo"])  # learn_s3's PPO, learn_arena's GRPO
