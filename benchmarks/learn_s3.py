@@ -340,6 +340,17 @@ def warm_summary(warm: dict[str, Any], w: dict[str, Any]) -> str:
     )
 
 
+def s3_agent(tokens: int = 96, generator_tokens: int = 24) -> Any:
+    """The benchmark's s3 agent: three documents a search and at the start, two search turns, ``tokens`` a searcher
+    turn and ``generator_tokens`` for the generator's answer (both greedy; PPO sets its own sampling)."""
+    from sleuth.agents.s3 import S3Config
+    from sleuth.llm import Sampling
+
+    agent = S3Config(k=3, k_initial=3, max_turns=2, sampling=Sampling(max_new_tokens=tokens))
+    agent.generator_sampling = dataclasses.replace(agent.generator_sampling, max_new_tokens=generator_tokens)
+    return agent
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -406,10 +417,9 @@ def main() -> None:
         # share its memory (0.45 each, sleuth.llm.vllm_server) instead of the second finding vLLM's 0.9 taken
         os.environ.setdefault("SLEUTH_VLLM_GPU_SERVERS", "2")
 
-    from sleuth.agents.s3 import S3Config
     from sleuth.assets import ensure_default_model
     from sleuth.data.synth import load_synth
-    from sleuth.llm import Sampling, load_llm
+    from sleuth.llm import load_llm
     from sleuth.train.s3_rl import S3RLConfig, train_s3
 
     s = settings(args)
@@ -427,10 +437,7 @@ def main() -> None:
             held["llm"] = load_llm(engine_spec(args, generator_model))
         return held["llm"]
 
-    agent = S3Config(k=3, k_initial=3, max_turns=2, sampling=Sampling(max_new_tokens=s["eval"]["tokens"]))
-    agent.generator_sampling = dataclasses.replace(
-        agent.generator_sampling, max_new_tokens=s["eval"]["generator_tokens"]
-    )
+    agent = s3_agent(s["eval"]["tokens"], s["eval"]["generator_tokens"])
     agent_key = dataclasses.asdict(agent)
 
     world, index = exp.synthetic_world(s["world"])

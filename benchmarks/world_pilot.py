@@ -18,6 +18,18 @@ reward: the decomposition pairs).
 
 Worlds, indexes and rollouts are cached under ``.../learn-acesearcher/pilot`` (a killed run resumes by rollout key);
 the report goes to ``docs/results/world_pilot/``.
+
+s3 (``--method s3``): the starting policy is ``benchmarks/learn_s3.py``'s searcher warm start (``--searcher``; the
+one warm start under ``$SLEUTH_HOME/runs/learn-s3`` by default), its frozen generator the AceSearcher SFT model
+(``--generator``), sampled as PPO samples (T = 0.6, top-p 0.95, the s3 benchmark's agent) on the dev questions that
+s3's filter keeps (naive RAG wrong, no yes/no answer), ``--samples`` episodes each; the reward is Gain Beyond RAG
+(on a kept question: the generator's span accuracy on the searcher's documents). PPO samples one episode per
+question; the episodes of one question are drawn here to measure how much of the reward's spread lies within a
+question (what a group or a value baseline compares). The choice: the world whose share of rewarded episodes is in
+the range with the highest within-question variance. Each world's episodes are cached in the world's directory
+under ``.../learn-s3/pilot``; the report goes to ``docs/results/world_pilot/s3/``.
+
+    python benchmarks/world_pilot.py --method s3 --questions 48 --samples 4
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import REPO, Experiment, ModelServer, pct  # noqa: E402
+from harness import REPO, Experiment, ModelServer, pct, runs_home, short  # noqa: E402
 from noise_floor import default_agent, learn_arguments  # noqa: E402
 
 RESULTS = REPO / "docs" / "results" / "world_pilot"
@@ -48,6 +60,14 @@ WORLDS: dict[str, dict[str, Any]] = {
     "no_filler": {"filler_sentences": 0},
     "no_comparisons": {"comparison_fraction": 0.0},
     "two_hop": {"max_hops": 2},
+    "two_hop_no_lookalikes": {"max_hops": 2, "lookalike_rate": 0.0},
+}
+# the worlds each method's pilot samples by default (`--worlds` picks others): one knob moved at a time, and for s3
+# (1-3 of 16 PPO episodes rewarded in the base world) also the two easiest together, without few_distractors (an
+# open-retrieval searcher's corpus does not depend on the distractors listed per question)
+DEFAULT_WORLDS = {
+    "acesearcher": ["base", "no_lookalikes", "few_distractors", "no_filler", "no_comparisons", "two_hop"],  # as before
+    "s3": ["base", "no_lookalikes", "no_filler", "no_comparisons", "two_hop", "two_hop_no_lookalikes"],
 }
 
 NOTES = {
@@ -142,18 +162,8 @@ def make_world(root: Path, name: str, knobs: dict[str, Any], questions: int) -> 
     return world, index
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--questions", type=int, default=24, help="dev questions per world")
-    parser.add_argument("--worlds", nargs="+", choices=list(WORLDS), default=list(WORLDS))
-    parser.add_argument("--decompositions", type=int, default=3, help="m, as mDPO samples")
-    parser.add_argument("--solutions", type=int, default=4, help="m', as mDPO samples")
-    parser.add_argument("--temperature", type=float, default=1.0, help="rollout temperature (paper 1.0, code 0.7)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="rollout top-p (paper none, code 0.99)")
-    parser.add_argument("--low", type=float, default=0.2)
-    parser.add_argument("--high", type=float, default=0.6)
-    learn_arguments(parser, RESULTS)
-    args = parser.parse_args()
+def acesearcher_pilot(args: argparse.Namespace) -> None:
+    """AceSearcher's pilot (module doc)."""
     from sleuth.agents import Context
     from sleuth.data.synth import load_synth
     from sleuth.retrieval import load_retriever
@@ -233,6 +243,211 @@ def main() -> None:
     caveats = [NOTES[name] for name in rows if name in NOTES]
     lines += ["", "Caveats: " + " ".join(caveats)] if caveats else []
     exp.write(results, "\n".join(lines) + "\n")
+
+
+def s3_signal(episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What PPO would get from one world's sampled episodes (``{"question", "reward", "acc_s3", "searches",
+    "failed"}``): the share of rewarded episodes (``accuracy``, the choice's range), the mean reward, the
+    within-question reward statistics (:func:`group_statistics` over each question's episodes) and the searching."""
+    by_question: dict[str, list[float]] = {}
+    for e in episodes:
+        by_question.setdefault(e["question"], []).append(e["reward"])
+    n = len(episodes)
+    stats = group_statistics(list(by_question.values()))
+    return {
+        "questions": len(by_question),
+        "episodes": n,
+        "accuracy": sum(e["reward"] > 0 for e in episodes) / n if n else 0.0,
+        "mean_reward": statistics.fmean(e["reward"] for e in episodes) if n else 0.0,
+        "questions_rewarded": sum(max(r) > 0 for r in by_question.values()) / len(by_question) if by_question else 0.0,
+        **stats,
+        "searches": statistics.fmean(e["searches"] for e in episodes) if n else 0.0,
+        "no_search": sum(e["searches"] == 0 for e in episodes) / n if n else 0.0,
+        "failed": sum(bool(e["failed"]) for e in episodes),
+    }
+
+
+def s3_episodes(
+    world: Path, index: str, examples: list[Any], searcher: Any, generator: Any, config: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """s3's training filter on ``examples`` (the naive-RAG accuracy of each cached in the world's directory), then
+    ``config.group_size`` episodes of each kept question sampled and rewarded as a PPO step samples and rewards
+    them (:func:`sleuth.train.online_rl.rollout_traces`, :class:`sleuth.train.s3_rl.S3Task`)."""
+    import asyncio
+
+    from sleuth.retrieval import load_retriever
+    from sleuth.train.online_rl import rollout_traces
+    from sleuth.train.rewards import NaiveRagCache, filter_training_examples, precompute_naive_rag
+    from sleuth.train.s3_rl import S3Task
+
+    retriever = load_retriever(index)
+    cache = NaiveRagCache.for_s3(world / "naive_rag_cache.jsonl", generator, config.agent, retriever=index)
+    naive = asyncio.run(precompute_naive_rag(examples, retriever, generator, cache, config.agent))
+    kept, dropped = filter_training_examples(examples, naive)
+    data = {
+        "questions": len(examples),
+        "kept": len(kept),
+        "dropped": dict(dropped),
+        "naive_rag_accuracy": sum(naive.values()) / max(len(naive), 1),
+    }
+    if not kept:
+        return [], data
+    task = S3Task(config, retriever, generator, cache, None)
+    traces = rollout_traces(task, searcher, task.agent_config(config), kept, config, step=0)
+    episodes = task.episodes(traces)
+    rows = [
+        {
+            "question": t.example.id,
+            "sample": t.example.metadata["rl"]["sample"],
+            "reward": e.reward,
+            "acc_s3": e.components.get("acc_s3"),
+            "searches": e.searches,
+            "selected": e.components.get("selected"),
+            "failed": t.error or (None if e.messages is not None else "no searcher output"),
+        }
+        for t, e in zip(traces, episodes, strict=True)
+    ]
+    return rows, data
+
+
+def s3_pilot(args: argparse.Namespace) -> None:
+    """s3's pilot (module doc)."""
+    import dataclasses
+
+    from learn_s3 import s3_agent
+
+    from sleuth.data.synth import load_synth
+    from sleuth.train.common import auto_engine
+    from sleuth.train.s3_rl import S3RLConfig
+
+    args.engine = auto_engine(args.engine)
+    work = Path(args.work)
+    searcher = Path(args.searcher) if args.searcher else None
+    if searcher is None:
+        found = sorted(work.glob("warmup-*/model/model.safetensors"))
+        if len(found) != 1:
+            raise SystemExit(f"{work}: {len(found)} searcher warm starts; name one with --searcher")
+        searcher = found[0].parent
+    generator_model = Path(args.generator)
+    for path in (searcher, generator_model):
+        if not (path / "model.safetensors").exists():
+            raise SystemExit(f"{path}: no model (run benchmarks/learn_acesearcher.py and benchmarks/learn_s3.py)")
+    agent = s3_agent()
+    config = S3RLConfig(
+        model=str(searcher),
+        output_dir=str(work / "pilot" / "unused"),
+        agent=agent,
+        group_size=args.samples,
+        seed=args.seed,
+        episode_tokens="retokenize",  # nothing is trained: no ids recorded
+        **({} if args.temperature is None else {"temperature": args.temperature}),
+        **({} if args.top_p is None else {"top_p": args.top_p}),
+    )
+    key = {
+        "searcher": str(searcher),
+        "generator": str(generator_model),
+        "agent": dataclasses.asdict(agent),
+        "samples": args.samples,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "seed": args.seed,
+        "questions": args.questions,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    exp = Experiment("world_pilot_s3", work / "pilot", Path(args.results))
+    rows: dict[str, dict[str, Any]] = {}
+    with (
+        ModelServer(searcher, args.engine, args.llm_options) as policy,
+        ModelServer(generator_model, args.engine, args.llm_options) as generator,
+    ):
+        for name in args.worlds:
+            world, index = make_world(work / "pilot", name, WORLDS[name], args.questions)
+            done = world / f"s3-episodes-{digest}.json"
+            if not done.exists():  # one file per world and setting: a killed run redoes the world it was in
+                dev = list(load_synth(world / "dev.jsonl"))[: args.questions]
+                started = time.perf_counter()
+                episodes, data = s3_episodes(world, str(index), dev, policy.get(), generator.get(), config)
+                record = {"key": key, "data": data, "episodes": episodes, "seconds": time.perf_counter() - started}
+                done.write_text(json.dumps(record, indent=1) + "\n")
+            record = json.loads(done.read_text())
+            rows[name] = {"knobs": WORLDS[name], "data": record["data"], **s3_signal(record["episodes"])}
+            exp.seconds[name] = record["seconds"]
+            print(f"[world_pilot] s3 {name}: {json.dumps(rows[name], default=str)}", flush=True)
+    choice = choose_world(rows, args.low, args.high)
+    results = {
+        "method": "s3",
+        "starting_policy": str(searcher),
+        "generator": str(generator_model),
+        "sampling": {"temperature": config.temperature, "top_p": config.top_p, "samples": args.samples},
+        "base": BASE,
+        "worlds": rows,
+        "choice": choice,
+    }
+    lines = exp.header(
+        "World pilot for s3: the warm-start searcher's reward per synthetic world (dev questions)",
+        f"The searcher warm start of benchmarks/learn_s3.py (`{short(searcher)}`) sampled as a PPO step samples "
+        f"(T = {config.temperature:g}, top-p {config.top_p:g}, the s3 benchmark's agent), {args.samples} episodes "
+        f"on each dev question (of the first {args.questions}) that s3's filter keeps, with the frozen generator "
+        f"`{short(generator_model)}`; reward Gain Beyond RAG. Worlds: `BASE` {json.dumps(BASE)} with the knobs "
+        f"shown. Chosen by `choose_world` ({choice['rule']}, accuracy = the share of rewarded episodes): "
+        f"**{choice['world']}**{'' if choice['in_range'] else ' (no world in range: the nearest)'}.",
+    )
+    lines += [
+        "| world | knobs | naive RAG (dev) | kept | episodes rewarded | questions with a reward | "
+        "within-question variance / with spread | searches per episode (none) |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for name, r in rows.items():
+        lines.append(
+            f"| {name} | `{json.dumps(r['knobs'])}` | {pct(r['data']['naive_rag_accuracy'])} | "
+            f"{r['data']['kept']} / {r['data']['questions']} | {pct(r['accuracy'])} | "
+            f"{pct(r['questions_rewarded'])} | "
+            f"{r['variance'] or 0:.3f} / {pct(r['spread'])} | {r['searches']:.2f} ({pct(r['no_search'])}) |"
+        )
+    lines += [
+        "",
+        "Naive RAG: the generator's span accuracy on the top-3 documents for the question (a question it answers is "
+        "dropped by s3's filter, as are yes/no answers); episodes rewarded: the share with Gain Beyond RAG > 0 (on "
+        "a kept question, the generator answered from the searcher's documents); within-question: the mean population "
+        "variance of one question's episode rewards, and the share of questions whose episodes do not all score "
+        "alike. The warm start was trained on the base world's train questions: in another world it meets other "
+        "entities, as PPO's start there would after a warm start of that world.",
+    ]
+    exp.write(results, "\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--method", choices=sorted(DEFAULT_WORLDS), default="acesearcher")
+    parser.add_argument("--questions", type=int, default=24, help="dev questions per world")
+    parser.add_argument("--worlds", nargs="+", choices=list(WORLDS), default=None)
+    parser.add_argument("--decompositions", type=int, default=3, help="AceSearcher: m, as mDPO samples")
+    parser.add_argument("--solutions", type=int, default=4, help="AceSearcher: m', as mDPO samples")
+    parser.add_argument("--samples", type=int, default=4, help="s3: episodes per kept question")
+    parser.add_argument("--searcher", default="", help="s3: the starting searcher (default: learn_s3's warm start)")
+    parser.add_argument(
+        "--generator", default=str(runs_home() / "learn-acesearcher" / "sft"), help="s3: the frozen generator"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="s3: the sampling seed")
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="rollout temperature (AceSearcher: 1.0, s3: PPO's 0.6)"
+    )
+    parser.add_argument("--top-p", type=float, default=None, help="rollout top-p (AceSearcher: 1.0, s3: PPO's 0.95)")
+    parser.add_argument("--low", type=float, default=0.2)
+    parser.add_argument("--high", type=float, default=0.6)
+    learn_arguments(parser, RESULTS)
+    args = parser.parse_args()
+    args.worlds = args.worlds or DEFAULT_WORLDS[args.method]
+    if args.method == "s3":
+        if args.work == str(runs_home() / "learn-acesearcher"):
+            args.work = str(runs_home() / "learn-s3")
+        if args.results == str(RESULTS):
+            args.results = str(RESULTS / "s3")
+        s3_pilot(args)
+    else:
+        args.temperature = 1.0 if args.temperature is None else args.temperature
+        args.top_p = 1.0 if args.top_p is None else args.top_p
+        acesearcher_pilot(args)
 
 
 if __name__ == "__main__":

@@ -172,3 +172,39 @@ def test_replay_llm_writes_the_planned_turn_and_refuses_to_score() -> None:
     assert llm.describe()["spec"] == "gold"
     with pytest.raises(LLMError, match="cannot score"):
         asyncio.run(llm.score("q", "first"))
+
+
+def test_each_call_of_a_seeded_run_gets_its_own_seed_and_a_rerun_the_same_ones() -> None:
+    """A GRPO group is G copies of one question sent with the step's seed: on a seeded server (vLLM seeds each
+    request by its seed alone) they were G identical rollouts. call_seed makes the seed the call's own."""
+    from sleuth.agents.base import call_seed
+
+    def copy(sample: int) -> Trace:
+        example = Example(
+            id="q1", question="Who?", answers=["Ann"], metadata={"rl": {"group": "0:0:q1", "sample": sample}}
+        )
+        return Trace(example=example, method="grpo-test")
+
+    seeded = Sampling(temperature=0.7, seed=42)
+
+    def seeds(sample: int) -> list[int | None]:
+        llm = ScriptedLLM(lambda _: "reply")
+        ctx = Context(llm=llm)
+        trace = copy(sample)
+
+        async def two_calls() -> None:
+            await ctx.chat(trace, "think", "first", seeded)
+            await ctx.chat(trace, "think", "second", seeded)
+            await ctx.chat(trace, "answer", "greedy", Sampling(seed=42))  # greedy: the seed is not touched
+
+        asyncio.run(two_calls())
+        return [s.seed for s in llm.samplings]
+
+    first, again, other = seeds(0), seeds(0), seeds(1)
+    assert first == again  # reproducible
+    assert first[0] != first[1]  # each call of a trajectory draws anew
+    assert first[0] != other[0] and first[1] != other[1]  # the group's copies differ
+    assert first[2] == other[2] == 42
+    assert all(0 <= s < 2**31 for s in first[:2] + other[:2])
+    unseeded = Sampling(temperature=0.7)
+    assert call_seed(unseeded, copy(0), "think") is unseeded

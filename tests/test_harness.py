@@ -775,6 +775,50 @@ def test_world_pilot_reads_mdpo_groups_from_sampled_runs() -> None:
     assert signal["pairs"]["total"] == 3 and signal["pairs_per_question"] == 3.0
 
 
+def test_world_pilot_s3_signal_counts_rewarded_episodes_and_the_spread_within_a_question() -> None:
+    from world_pilot import s3_signal
+
+    def episode(question: str, reward: float, searches: int = 1, failed: str | None = None) -> dict[str, Any]:
+        return {"question": question, "reward": reward, "searches": searches, "failed": failed}
+
+    signal = s3_signal(
+        [episode("a", 1.0), episode("a", 0.0, 0), episode("b", 0.0), episode("b", 0.0, 2, "no searcher output")]
+    )
+    assert signal["questions"] == 2 and signal["episodes"] == 4
+    assert signal["accuracy"] == 0.25 and signal["questions_rewarded"] == 0.5
+    assert signal["variance"] == pytest.approx(0.125) and signal["spread"] == 0.5
+    assert signal["searches"] == 1.0 and signal["no_search"] == 0.25 and signal["failed"] == 1
+    assert s3_signal([])["episodes"] == 0
+
+
+def test_world_pilot_samples_s3_episodes_per_world_as_ppo_does_and_reads_them_back(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """benchmarks/world_pilot.py --method s3 end to end on the tiny model (searcher and frozen generator, hf engine):
+    real worlds, BM25 indexes, s3's filter and PPO's sampling; each world's episodes are kept and read back."""
+    import shutil
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "world_pilot.py"
+    generator = shutil.copytree(tiny_model_dir, tmp_path / "generator")
+    args = [sys.executable, str(script), "--method", "s3", "--questions", "3", "--samples", "2"]
+    args += ["--worlds", "base", "two_hop", "--searcher", str(tiny_model_dir), "--generator", str(generator)]
+    args += ["--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"), "--engine", "hf"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert set(written["worlds"]) == {"base", "two_hop"} and written["choice"]["world"] in written["worlds"]
+    for name, row in written["worlds"].items():
+        assert row["data"]["questions"] == 3 and row["episodes"] == 2 * row["data"]["kept"], name
+    (kept,) = (tmp_path / "work" / "pilot").glob("base-*/s3-episodes-*.json")
+    episodes = json.loads(kept.read_text())["episodes"]
+    assert [e["sample"] for e in episodes] == [0, 1] * written["worlds"]["base"]["data"]["kept"]
+    again = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "results" / "results.json").read_text())["worlds"] == written["worlds"]
+    assert json.loads(kept.read_text())["episodes"] == episodes  # read back, not sampled again
+
+
 def test_fresh_worlds_declares_first_then_evaluates_each_world_and_refuses_another_declaration(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -216,3 +216,26 @@ def test_decoded_text_is_made_encodable(llm: HFLLM, monkeypatch: pytest.MonkeyPa
     (gen,) = run(llm.generate([Request(prompt="The capital of France is")], Sampling(max_new_tokens=4)))
     assert gen.texts[0].startswith("ANS-7 \ufffd")
     gen.texts[0].encode("utf-8")
+
+
+def test_rows_of_different_seeds_share_one_batch_and_each_seed_set_reproduces_its_draw(llm: HFLLM) -> None:
+    """Per-call seeds (sleuth.agents.base.call_seed) must not split the micro-batch: the batcher's key leaves the
+    seed out, and the batch's torch seed comes from its rows' seeds (bucket_seed)."""
+    from sleuth.llm.hf import bucket_seed
+
+    prompts = [PROMPTS[1]] * 4
+
+    async def seeded(seeds: list[int]) -> list[str]:
+        calls = [
+            llm.generate([Request(prompt=p)], Sampling(max_new_tokens=10, temperature=1.5, seed=s))
+            for p, s in zip(prompts, seeds, strict=True)
+        ]
+        return [g[0].text for g in await asyncio.gather(*calls)]
+
+    before = llm.stats.calls
+    first = run(seeded([11, 12, 13, 14]))
+    assert llm.stats.calls - before == 1  # one generate for the four rows
+    assert len(set(first)) > 1, "four rows of one prompt at temperature 1.5 on a random model should vary"
+    assert run(seeded([11, 12, 13, 14])) == first
+    assert bucket_seed([None, None]) is None and bucket_seed([5, None, 5]) == 5
+    assert bucket_seed([1, 2]) != bucket_seed([2, 1]) and bucket_seed([1, 2]) == bucket_seed([1, 2])

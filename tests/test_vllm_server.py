@@ -503,6 +503,28 @@ def test_real_vllm_greedy_answers_equal_hf(real_vllm) -> None:
     assert served == local
 
 
+@pytest.mark.vllm
+def test_real_vllm_draws_a_groups_copies_apart_and_each_copy_again_alike(real_vllm) -> None:
+    """vLLM seeds a request's draw with its seed alone: the G copies of one question that a GRPO step sends with
+    its one seed come back identical (no spread, no advantage). Through Context (call_seed) each copy draws its
+    own trajectory, and the same copy drawn again is the same."""
+    from sleuth.agents import Context
+    from sleuth.records import Example, Trace
+
+    sampling = Sampling(temperature=1.0, max_new_tokens=24, seed=7)
+    raw = asyncio.run(real_vllm.generate([Request.chat(PROMPTS[2])] * 3, sampling))
+    assert len({g.text for g in raw}) == 1  # why call_seed exists
+
+    def draw(sample: int) -> str:
+        rl = {"group": "0:0:q", "sample": sample}
+        trace = Trace(example=Example(id="q", question=PROMPTS[2], answers=[], metadata={"rl": rl}), method="t")
+        return asyncio.run(Context(llm=real_vllm).chat(trace, "think", PROMPTS[2], sampling)).output
+
+    copies = [draw(g) for g in range(4)]
+    assert len(set(copies)) == 4, copies
+    assert draw(1) == copies[1]
+
+
 #: (prompt, completion) pairs for the scoring comparison: chat prompts (the E-step's), a continued assistant turn,
 #: and string prompts whose boundary a BPE would merge if prompt and completion were tokenized together.
 SCORE_PAIRS: list[tuple[Any, str]] = [

@@ -7,6 +7,8 @@ record a :class:`~sleuth.records.Step` for every call, so the Trace always holds
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import html
 import re
 import time
@@ -22,6 +24,22 @@ from sleuth.records import Example, Passage, Step, Trace
 from sleuth.retrieval import RetrievalError, Retriever
 
 AgentFn = Callable[[Example, "Context", Trace], Awaitable[Trace]]
+
+
+def call_seed(sampling: Sampling, trace: Trace, kind: str) -> Sampling:
+    """``sampling`` with its seed made this call's own: a hash of the run's seed, the example (its id and, for the
+    copies an RL step makes of one question, ``metadata["rl"]``'s group and sample), the calls the trace already
+    holds and the call's kind. Unseeded or greedy sampling is returned as it is.
+
+    A seed fixes a request's draw (vLLM seeds each request's generator with it alone), so the G copies of one question
+    in a GRPO group, sent with the run's one seed, were G identical rollouts on a vLLM server: no spread, no
+    advantage. Per call, each copy draws its own trajectory and a rerun of the same step draws the same ones."""
+    if sampling.seed is None or sampling.greedy:
+        return sampling
+    rl = trace.example.metadata.get("rl") or {}
+    key = f"{sampling.seed}|{trace.example.id}|{rl.get('group', '')}|{rl.get('sample', 0)}|{len(trace.steps)}|{kind}"
+    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big") >> 1  # 31 bits
+    return dataclasses.replace(sampling, seed=seed)
 
 
 @dataclass
@@ -49,6 +67,7 @@ class Context:
         ``role`` picks another model of the run (``roles``); the Step records it in ``meta["role"]``.
         """
         started = time.perf_counter()
+        sampling = call_seed(sampling, trace, kind)
         generation = (await self.model(role).generate([request], sampling))[0]
         step = Step(
             kind=kind,

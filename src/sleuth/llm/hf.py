@@ -1,8 +1,9 @@
 """Local transformers backend: ``hf:PATH_OR_NAME?device=cpu&dtype=float32&max_batch=32&threads=2``.
 
 Concurrent ``generate`` calls (from many agents driven by the runner) are micro-batched into one left-padded
-``model.generate`` call per group of equal sampling settings; ``score`` calls are batched into one forward pass, and
-the completions of one prompt (best-of-n candidates) share one pass over that prompt.
+``model.generate`` call per group of equal sampling settings (seeds aside: :func:`bucket_seed`); ``score`` calls are
+batched into one forward pass, and the completions of one prompt (best-of-n candidates) share one pass over that
+prompt.
 Stop strings are honoured per row: a row stops as soon as its own text contains one, and the returned text is cut
 before it (OpenAI semantics). Greedy decoding gives the same text batched or alone (tested).
 
@@ -17,6 +18,8 @@ split, on GPU).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -128,7 +131,10 @@ class HFLLM(LLM):
         self.eos_ids = self._eos_ids()
         self._lock = threading.Lock()  # one model, one forward pass at a time
         self._generate_batcher: MicroBatcher[_Row, _RowResult] = MicroBatcher(
-            self._generate_rows, max_batch=max_batch, key=lambda row: row.sampling
+            # seeds differ per call (sleuth.agents.base.call_seed): rows batch together whatever their seeds
+            self._generate_rows,
+            max_batch=max_batch,
+            key=lambda row: dataclasses.replace(row.sampling, seed=None),
         )
         self._score_batcher: MicroBatcher[tuple[list[int], list[int]], Score] = MicroBatcher(
             self._score_rows, max_batch=max_batch
@@ -217,9 +223,10 @@ class HFLLM(LLM):
             kwargs["stopping_criteria"] = [_StopOnStrings(self.tokenizer, sampling.stop, width)]
         recorder = _SampledLogprobs(1.0 if sampling.greedy else sampling.temperature)
         kwargs["logits_processor"] = [recorder]
+        seed = bucket_seed([r.sampling.seed for r in rows])
         with self._lock, torch.inference_mode(), self._autocast():
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
+            if seed is not None:
+                torch.manual_seed(seed)
             self.stats.calls += 1
             output = self.model.generate(
                 input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs
@@ -416,6 +423,19 @@ def cpu_threads(device_type: str, threads: int | None) -> int | None:
     (2, None, None)
     """
     return threads if device_type == "cpu" and threads else None
+
+
+def bucket_seed(seeds: list[int | None]) -> int | None:
+    """The torch seed of one batched generation from its rows' seeds: the seed when they share one (or only some
+    rows carry one), a hash of them all in order when they differ, None when no row is seeded. A row's draw then
+    depends on its batch, as it always has on this backend."""
+    given = [s for s in seeds if s is not None]
+    if not given:
+        return None
+    if len(set(given)) == 1:
+        return given[0]
+    digest = hashlib.blake2b(",".join(map(str, seeds)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def length_buckets(lengths: list[int], max_padding: float) -> list[list[int]]:

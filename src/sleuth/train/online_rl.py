@@ -1207,9 +1207,12 @@ def _batch(examples: list[Example], step: int, size: int, seed: int) -> list[Exa
     return out
 
 
-def _rollouts(
+def rollout_traces(
     task: Task, llm: Any, agent: Any, batch: list[Example], config: RLConfig, step: int, rank: int = 0
 ) -> list[Trace]:
+    """The traces of one step: ``config.group_size`` copies of each question (``metadata["rl"]``: its group and
+    sample), run by the task's agent on ``llm`` with the step's seed (each call then draws its own:
+    :func:`sleuth.agents.base.call_seed`). Also what a pilot samples to see a policy's reward before training."""
     from sleuth.runner import run
 
     copies = []
@@ -1374,7 +1377,7 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         if served is not None:
             llm = served.publish(models.policy, step)
         with models.gathered_policy():
-            traces = _rollouts(task, llm, agent, batch, config, step, dist.rank)
+            traces = rollout_traces(task, llm, agent, batch, config, step, dist.rank)
         t_rollout = time.perf_counter() - t0
         episodes = task.episodes(traces)
         usable = [
