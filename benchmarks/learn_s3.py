@@ -29,6 +29,12 @@ then trains from that model on the first half only, so the two never share a que
 so "s3 after - s3 warm start" is what PPO added; the report gives the transcripts built and the questions skipped
 and why. Each warm-start setting trains into its own directory next to the others.
 
+World (``--world``): the benchmark's world has 2-3 hops and the generator's other defaults; ``--world NAME`` moves
+the knobs of ``benchmarks/world_pilot.py``'s world NAME, ``--world pilot`` those of the world its s3 pilot chose on
+dev (``docs/results/world_pilot/s3``: the share of the warm start's PPO episodes rewarded in 20-60%, then the most
+within-question spread). Such a run keeps its stages in ``RUNS/learn-s3-world-NAME`` and reports to
+``docs/results/learn_s3/world-NAME``.
+
     python benchmarks/learn_s3.py            # CPU: expect over an hour at the defaults (see docs)
     python benchmarks/learn_s3.py --smoke    # tiny random searcher, a few questions, 1 step
     python benchmarks/learn_s3.py --full --generator MODEL   # sized for a GPU (FULL below; runs/learn-s3-full)
@@ -65,6 +71,7 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     plot,
     rollout_steps,
     run_dirs,
+    runs_home,
     settings_block,
     short,
     stage_table,
@@ -116,7 +123,7 @@ REPORTED_RL: dict[str, Any] = {
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the run, grouped by the stage that reads it (a group is that stage's part of its key).
     ``--smoke`` fixes the sizes but keeps the learning rates and the seed given (to try resumption)."""
-    world: dict[str, Any] = {"seed": args.seed, "min_hops": 2, "max_hops": 3}
+    world: dict[str, Any] = {"seed": args.seed, "min_hops": 2, "max_hops": 3, **world_knobs(args.world)}
     # micro_batch 1: at 2 the first PPO update (actor, reference and separate critic, full fine-tuning, episodes of
     # 1.0-1.5k tokens) reached 17 GB resident next to the generator's server and was killed for memory (24 GiB here)
     ppo = {"lr": args.lr, "critic_lr": args.critic_lr, "mini_batches": 2, "micro_batch": 1, "save_steps": 2}
@@ -151,6 +158,29 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "ppo": {"steps": args.steps, "prompts": args.prompts, **ppo},
         **warmup_settings(args, world),
     }
+
+
+def world_knobs(name: str) -> dict[str, Any]:
+    """The synthetic world's knobs over the benchmark's own (2-3 hops, the generator's defaults): none for ``""``,
+    else those of ``benchmarks/world_pilot.py``'s world ``name`` (:func:`resolve_world` first)."""
+    from world_pilot import WORLDS
+
+    if name and name not in WORLDS:
+        raise SystemExit(f"--world {name!r}: expected pilot or one of {', '.join(WORLDS)}")
+    return dict(WORLDS[name]) if name else {}
+
+
+def resolve_world(name: str) -> str:
+    """``pilot``: the world the s3 pilot chose on dev, read from its committed results (the choice is the pilot's
+    rule, in code, not this run's); any other name as given."""
+    if name != "pilot":
+        return name
+    from world_pilot import RESULTS as PILOT
+
+    found = PILOT / "s3" / "results.json"
+    if not found.exists():
+        raise SystemExit(f"--world pilot: {found} is missing; run benchmarks/world_pilot.py --method s3")
+    return str(json.loads(found.read_text())["choice"]["world"])
 
 
 def parse_rl_overrides(items: list[str]) -> dict[str, Any]:
@@ -396,6 +426,12 @@ def main() -> None:
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--world",
+        default="",
+        help="a world of benchmarks/world_pilot.py (its knobs over this benchmark's 2-3 hops), or pilot: the one its "
+        "s3 pilot chose on dev; runs in RUNS/learn-s3-world-NAME, reports to docs/results/learn_s3/world-NAME",
+    )
+    parser.add_argument(
         "--generator",
         default="",
         help="the frozen generator's model directory (default: SmolLM2-135M-Instruct); choose it with "
@@ -422,7 +458,11 @@ def main() -> None:
     from sleuth.llm import load_llm
     from sleuth.train.s3_rl import S3RLConfig, train_s3
 
+    args.world = resolve_world(args.world)
     s = settings(args)
+    if args.world and not args.smoke:  # another world: its own stages and report (a work dir holds one world)
+        args.work = args.work or runs_home() / f"learn-s3-world-{args.world}"
+        args.results = args.results or RESULTS / f"world-{args.world}"
     work, results = run_dirs("learn_s3", args, RESULTS)
     exp = Experiment("learn_s3", work, results, args.seed, claims=CLAIMS)
     searcher = base_model(args.smoke, exp.work)

@@ -246,9 +246,10 @@ def acesearcher_pilot(args: argparse.Namespace) -> None:
 
 
 def s3_signal(episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """What PPO would get from one world's sampled episodes (``{"question", "reward", "acc_s3", "searches",
-    "failed"}``): the share of rewarded episodes (``accuracy``, the choice's range), the mean reward, the
-    within-question reward statistics (:func:`group_statistics` over each question's episodes) and the searching."""
+    """What PPO would get from one world's sampled episodes (``{"question", "reward", "searches", "written"}``): the
+    share of rewarded episodes (``accuracy``, the choice's range), the mean reward, the within-question reward
+    statistics (:func:`group_statistics` over each question's episodes), the searching, and the share of episodes in
+    which the searcher wrote nothing."""
     by_question: dict[str, list[float]] = {}
     for e in episodes:
         by_question.setdefault(e["question"], []).append(e["reward"])
@@ -263,7 +264,7 @@ def s3_signal(episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
         **stats,
         "searches": statistics.fmean(e["searches"] for e in episodes) if n else 0.0,
         "no_search": sum(e["searches"] == 0 for e in episodes) / n if n else 0.0,
-        "failed": sum(bool(e["failed"]) for e in episodes),
+        "nothing_written": sum(not e["written"] for e in episodes) / n if n else 0.0,
     }
 
 
@@ -303,7 +304,8 @@ def s3_episodes(
             "acc_s3": e.components.get("acc_s3"),
             "searches": e.searches,
             "selected": e.components.get("selected"),
-            "failed": t.error or (None if e.messages is not None else "no searcher output"),
+            "error": t.error,
+            "written": e.messages is not None,  # the searcher wrote something
         }
         for t, e in zip(traces, episodes, strict=True)
     ]
@@ -367,6 +369,12 @@ def s3_pilot(args: argparse.Namespace) -> None:
                 dev = list(load_synth(world / "dev.jsonl"))[: args.questions]
                 started = time.perf_counter()
                 episodes, data = s3_episodes(world, str(index), dev, policy.get(), generator.get(), config)
+                failed = [e["error"] for e in episodes if e["error"]]
+                if failed:  # an engine failure is not a zero reward: nothing is kept, a rerun samples the world again
+                    raise SystemExit(
+                        f"s3 pilot, world {name}: {len(failed)} of {len(episodes)} episodes failed "
+                        f"(first: {failed[0]}); nothing kept"
+                    )
                 record = {"key": key, "data": data, "episodes": episodes, "seconds": time.perf_counter() - started}
                 done.write_text(json.dumps(record, indent=1) + "\n")
             record = json.loads(done.read_text())

@@ -778,17 +778,47 @@ def test_world_pilot_reads_mdpo_groups_from_sampled_runs() -> None:
 def test_world_pilot_s3_signal_counts_rewarded_episodes_and_the_spread_within_a_question() -> None:
     from world_pilot import s3_signal
 
-    def episode(question: str, reward: float, searches: int = 1, failed: str | None = None) -> dict[str, Any]:
-        return {"question": question, "reward": reward, "searches": searches, "failed": failed}
+    def episode(question: str, reward: float, searches: int = 1, written: bool = True) -> dict[str, Any]:
+        return {"question": question, "reward": reward, "searches": searches, "written": written}
 
-    signal = s3_signal(
-        [episode("a", 1.0), episode("a", 0.0, 0), episode("b", 0.0), episode("b", 0.0, 2, "no searcher output")]
-    )
+    signal = s3_signal([episode("a", 1.0), episode("a", 0.0, 0), episode("b", 0.0), episode("b", 0.0, 2, False)])
     assert signal["questions"] == 2 and signal["episodes"] == 4
     assert signal["accuracy"] == 0.25 and signal["questions_rewarded"] == 0.5
     assert signal["variance"] == pytest.approx(0.125) and signal["spread"] == 0.5
-    assert signal["searches"] == 1.0 and signal["no_search"] == 0.25 and signal["failed"] == 1
+    assert signal["searches"] == 1.0 and signal["no_search"] == 0.25 and signal["nothing_written"] == 0.25
     assert s3_signal([])["episodes"] == 0
+
+
+def test_learn_s3_world_knobs_come_from_the_pilots_worlds_and_its_committed_choice() -> None:
+    import argparse
+
+    from learn_s3 import resolve_world, settings, world_knobs
+    from world_pilot import RESULTS, WORLDS
+
+    assert world_knobs("") == {} and world_knobs("two_hop") == WORLDS["two_hop"]
+    with pytest.raises(SystemExit, match="expected pilot or one of"):
+        world_knobs("no_such_world")
+    if (RESULTS / "s3" / "results.json").exists():  # the committed pilot's choice, as the benchmark reads it
+        assert resolve_world("pilot") == json.loads((RESULTS / "s3" / "results.json").read_text())["choice"]["world"]
+    assert resolve_world("base") == "base"
+    args = argparse.Namespace(
+        seed=0,
+        world="two_hop_no_lookalikes",
+        rl=[],
+        lr=1e-5,
+        critic_lr=1e-4,
+        smoke=False,
+        train_questions=400,
+        dev_questions=100,
+        test_questions=100,
+        steps=2,
+        prompts=16,
+        searcher_warmup=0,
+    )
+    world = settings(args)["world"]
+    assert world["max_hops"] == 2 and world["lookalike_rate"] == 0.0 and world["min_hops"] == 2
+    args.world = ""
+    assert "lookalike_rate" not in settings(args)["world"]  # the default world's key is unchanged
 
 
 def test_world_pilot_samples_s3_episodes_per_world_as_ppo_does_and_reads_them_back(

@@ -236,6 +236,16 @@ def test_chat_generate_keeps_order_sends_fields_and_truncates_stops(server: Scri
     assert llm.stats.prompt_tokens == 44 and llm.stats.completion_tokens == 28
 
 
+def test_a_client_that_does_not_send_seeds_leaves_them_out_of_every_request(server: ScriptedServer) -> None:
+    """``send_seed=False`` (a ``vllm:`` CPU server's default: vLLM's CPU build dies on some seeded requests)."""
+    from sleuth.llm.openai_compat import OpenAICompatLLM
+
+    llm = OpenAICompatLLM("test-model", server.url, send_seed=False)
+    run(_generate_and_close(llm, [Request.chat("q")], Sampling(n=2, temperature=1.0, seed=7)))
+    assert server.received and all("seed" not in r.body for r in server.received)
+    assert llm.describe()["send_seed"] is False
+
+
 def test_server_returned_stop_string_is_cut_and_finish_reason_mapped(server: ScriptedServer) -> None:
     llm = make_llm(server.url)
     gens = run(_generate_and_close(llm, [Request.chat("hi")], Sampling(stop=(" STOP",), repetition_penalty=1.2)))

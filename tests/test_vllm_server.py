@@ -183,6 +183,21 @@ def test_spec_options_are_checked(home: Path, fake_python: str) -> None:
         load_llm(f"vllm:m?python={fake_python}&device=tpu")
     with pytest.raises(LLMError, match="enable_lora"):
         load_llm(f"vllm:m?python={fake_python}&enable_lora=maybe")
+    with pytest.raises(LLMError, match="seeds"):
+        load_llm(f"vllm:m?python={fake_python}&seeds=sometimes")
+
+
+@pytest.mark.parametrize(
+    ("options", "sends"), [("device=cpu", False), ("device=gpu", True), ("device=cpu&seeds=send", True)]
+)
+def test_a_cpu_server_gets_no_seeds_unless_asked(home: Path, fake_python: str, options: str, sends: bool) -> None:
+    """vLLM's CPU build kills its engine on a seeded request whose sampled token it discards (a prefill split across
+    steps); the client of a server sleuth starts on CPU leaves seeds out."""
+    llm = load_llm(f"vllm:m?python={fake_python}&{options}")
+    try:
+        assert llm.send_seed is sends
+    finally:
+        llm.close()
 
 
 # -------------------------------------------------------------------- finding the interpreter
@@ -507,22 +522,28 @@ def test_real_vllm_greedy_answers_equal_hf(real_vllm) -> None:
 def test_real_vllm_draws_a_groups_copies_apart_and_each_copy_again_alike(real_vllm) -> None:
     """vLLM seeds a request's draw with its seed alone: the G copies of one question that a GRPO step sends with
     its one seed come back identical (no spread, no advantage). Through Context (call_seed) each copy draws its
-    own trajectory, and the same copy drawn again is the same."""
+    own trajectory, and the same copy drawn again is the same. The module's CPU server gets no seeds (its client
+    drops them: vLLM's CPU build dies on some seeded requests), so the seeded draws go through a client that sends
+    them, on prompts too short for a split prefill."""
     from sleuth.agents import Context
+    from sleuth.llm.openai_compat import OpenAICompatLLM
     from sleuth.records import Example, Trace
 
     sampling = Sampling(temperature=1.0, max_new_tokens=24, seed=7)
-    raw = asyncio.run(real_vllm.generate([Request.chat(PROMPTS[2])] * 3, sampling))
+    seeded = OpenAICompatLLM(real_vllm.model, real_vllm.base_url, timeout=600, send_seed=True)
+    raw = asyncio.run(seeded.generate([Request.chat(PROMPTS[2])] * 3, sampling))
     assert len({g.text for g in raw}) == 1  # why call_seed exists
 
-    def draw(sample: int) -> str:
+    def draw(llm: Any, sample: int) -> str:
         rl = {"group": "0:0:q", "sample": sample}
         trace = Trace(example=Example(id="q", question=PROMPTS[2], answers=[], metadata={"rl": rl}), method="t")
-        return asyncio.run(Context(llm=real_vllm).chat(trace, "think", PROMPTS[2], sampling)).output
+        return asyncio.run(Context(llm=llm).chat(trace, "think", PROMPTS[2], sampling)).output
 
-    copies = [draw(g) for g in range(4)]
+    copies = [draw(seeded, g) for g in range(4)]
     assert len(set(copies)) == 4, copies
-    assert draw(1) == copies[1]
+    assert draw(seeded, 1) == copies[1]
+    assert real_vllm.send_seed is False  # a CPU server: unseeded, the copies still draw apart
+    assert len({draw(real_vllm, g) for g in range(4)}) == 4
 
 
 #: (prompt, completion) pairs for the scoring comparison: chat prompts (the E-step's), a continued assistant turn,

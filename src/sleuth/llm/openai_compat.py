@@ -120,6 +120,7 @@ class OpenAICompatLLM(LLM):
         key_env: str = "OPENAI_API_KEY",
         score_tokenizer: Any = None,
         token_out: bool = False,
+        send_seed: bool = True,
     ) -> None:
         super().__init__()
         if not model:
@@ -150,6 +151,9 @@ class OpenAICompatLLM(LLM):
         self.spec = f"openai:{model}@{base_url}"
         self._score_tokenizer = score_tokenizer
         self.token_out = token_out
+        # False: a request's seed is not sent (the server samples unseeded): vLLM's CPU build dies on seeded requests
+        # (sleuth.llm.vllm_server, option seeds)
+        self.send_seed = send_seed
         # The client and the semaphore belong to one event loop; they are rebuilt when another loop calls us
         # (asyncio.run may be called several times in one process).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -296,6 +300,7 @@ class OpenAICompatLLM(LLM):
             "backoff": self.backoff,
             "key_env": self.key_env,
             "token_out": self.token_out,
+            "send_seed": self.send_seed,
         }
 
     # ---------------------------------------------------------------- generation
@@ -348,7 +353,7 @@ class OpenAICompatLLM(LLM):
                 body["return_token_ids"], body["logprobs"] = True, 0
             if stops:
                 body["stop"] = list(stops[:MAX_API_STOPS])
-            if sampling.seed is not None:
+            if sampling.seed is not None and self.send_seed:
                 body["seed"] = sampling.seed + len(texts)
             if sampling.repetition_penalty != 1.0:
                 body["repetition_penalty"] = sampling.repetition_penalty

