@@ -789,6 +789,41 @@ def test_world_pilot_s3_signal_counts_rewarded_episodes_and_the_spread_within_a_
     assert s3_signal([])["episodes"] == 0
 
 
+def test_world_pilot_keeps_no_world_whose_episodes_failed(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine failure (a dead server) is not a zero reward: the s3 pilot stops and keeps nothing for that world."""
+    import argparse
+
+    import world_pilot
+
+    def failing(*_: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        rows = [{"question": "q", "sample": 0, "reward": 0.0, "searches": 0, "written": False, "error": "LLMError"}]
+        return rows, {"questions": 1, "kept": 1, "dropped": {}, "naive_rag_accuracy": 0.0}
+
+    monkeypatch.setattr(world_pilot, "s3_episodes", failing)
+    args = argparse.Namespace(
+        work=str(tmp_path / "work"),
+        results=str(tmp_path / "results"),
+        searcher=str(tiny_model_dir),
+        generator=str(tiny_model_dir),
+        engine="hf",
+        llm_options="threads=1",
+        samples=1,
+        seed=0,
+        temperature=None,
+        top_p=None,
+        questions=2,
+        worlds=["two_hop"],
+        low=0.2,
+        high=0.6,
+    )
+    with pytest.raises(SystemExit, match="1 of 1 episodes failed"):
+        world_pilot.s3_pilot(args)
+    assert list((tmp_path / "work" / "pilot").glob("*/s3-episodes-*.json")) == []
+    assert not (tmp_path / "results" / "results.json").exists()
+
+
 def test_learn_s3_world_knobs_come_from_the_pilots_worlds_and_its_committed_choice() -> None:
     import argparse
 
