@@ -370,13 +370,14 @@ def warm_summary(warm: dict[str, Any], w: dict[str, Any]) -> str:
     )
 
 
-def s3_agent(tokens: int = 96, generator_tokens: int = 24) -> Any:
-    """The benchmark's s3 agent: three documents a search and at the start, two search turns, ``tokens`` a searcher
-    turn and ``generator_tokens`` for the generator's answer (both greedy; PPO sets its own sampling)."""
+def s3_agent(tokens: int = 96, generator_tokens: int = 24, max_turns: int = 2) -> Any:
+    """The benchmark's s3 agent: three documents a search and at the start, ``max_turns`` search turns (the paper's
+    code 3, here 2 for CPU time), ``tokens`` a searcher turn and ``generator_tokens`` for the generator's answer
+    (both greedy; PPO sets its own sampling)."""
     from sleuth.agents.s3 import S3Config
     from sleuth.llm import Sampling
 
-    agent = S3Config(k=3, k_initial=3, max_turns=2, sampling=Sampling(max_new_tokens=tokens))
+    agent = S3Config(k=3, k_initial=3, max_turns=max_turns, sampling=Sampling(max_new_tokens=tokens))
     agent.generator_sampling = dataclasses.replace(agent.generator_sampling, max_new_tokens=generator_tokens)
     return agent
 

@@ -265,6 +265,27 @@ def s3_signal(episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "searches": statistics.fmean(e["searches"] for e in episodes) if n else 0.0,
         "no_search": sum(e["searches"] == 0 for e in episodes) / n if n else 0.0,
         "nothing_written": sum(not e["written"] for e in episodes) / n if n else 0.0,
+        **gold_given(episodes),
+    }
+
+
+def gold_share(gold: Sequence[str], given: Sequence[str]) -> float | None:
+    """The share of ``gold`` passage ids among ``given`` (None without gold)."""
+    return len(set(gold) & set(given)) / len(set(gold)) if gold else None
+
+
+def gold_given(episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Over the episodes that recorded it (sampled since the field was added): the mean share of the question's gold
+    passages given to the generator, the share of episodes given all of them, and the rewarded share among those
+    (the generator's accuracy where the searcher did its part)."""
+    known = [e for e in episodes if e.get("gold_given") is not None]
+    if not known:
+        return {"gold_given": None, "all_gold_given": None, "rewarded_with_all_gold": None}
+    complete = [e for e in known if e["gold_given"] == 1.0]
+    return {
+        "gold_given": statistics.fmean(e["gold_given"] for e in known),
+        "all_gold_given": len(complete) / len(known),
+        "rewarded_with_all_gold": sum(e["reward"] > 0 for e in complete) / len(complete) if complete else None,
     }
 
 
@@ -306,6 +327,8 @@ def s3_episodes(
             "selected": e.components.get("selected"),
             "error": t.error,
             "written": e.messages is not None,  # the searcher wrote something
+            # the share of the question's gold passages among the documents the generator was given
+            "gold_given": gold_share(t.example.supporting_ids, t.meta.get("selected_ids") or []),
         }
         for t, e in zip(traces, episodes, strict=True)
     ]
@@ -334,7 +357,7 @@ def s3_pilot(args: argparse.Namespace) -> None:
     for path in (searcher, generator_model):
         if not (path / "model.safetensors").exists():
             raise SystemExit(f"{path}: no model (run benchmarks/learn_acesearcher.py and benchmarks/learn_s3.py)")
-    agent = s3_agent()
+    agent = s3_agent(max_turns=args.max_turns)
     config = S3RLConfig(
         model=str(searcher),
         output_dir=str(work / "pilot" / "unused"),
@@ -396,21 +419,28 @@ def s3_pilot(args: argparse.Namespace) -> None:
         f"The searcher warm start of benchmarks/learn_s3.py (`{short(searcher)}`) sampled as a PPO step samples "
         f"(T = {config.temperature:g}, top-p {config.top_p:g}, the s3 benchmark's agent), {args.samples} episodes "
         f"on each dev question (of the first {args.questions}) that s3's filter keeps, with the frozen generator "
-        f"`{short(generator_model)}`; reward Gain Beyond RAG. Worlds: `BASE` {json.dumps(BASE)} with the knobs "
-        f"shown. Chosen by `choose_world` ({choice['rule']}, accuracy = the share of rewarded episodes): "
+        f"`{short(generator_model)}`; reward Gain Beyond RAG; {args.max_turns} search turns. Worlds: `BASE` "
+        f"{json.dumps(BASE)} with the knobs shown. Chosen by `choose_world` ({choice['rule']}, accuracy = the "
+        "share of rewarded episodes): "
         f"**{choice['world']}**{'' if choice['in_range'] else ' (no world in range: the nearest)'}.",
     )
     lines += [
         "| world | knobs | naive RAG (dev) | kept | episodes rewarded | questions with a reward | "
-        "within-question variance / with spread | searches per episode (none) |",
-        "|---|---|---:|---:|---:|---:|---|---|",
+        "within-question variance / with spread | searches per episode (none) | gold passages given: mean share / "
+        "all / rewarded when all |",
+        "|---|---|---:|---:|---:|---:|---|---|---|",
     ]
     for name, r in rows.items():
         lines.append(
             f"| {name} | `{json.dumps(r['knobs'])}` | {pct(r['data']['naive_rag_accuracy'])} | "
             f"{r['data']['kept']} / {r['data']['questions']} | {pct(r['accuracy'])} | "
             f"{pct(r['questions_rewarded'])} | "
-            f"{r['variance'] or 0:.3f} / {pct(r['spread'])} | {r['searches']:.2f} ({pct(r['no_search'])}) |"
+            f"{r['variance'] or 0:.3f} / {pct(r['spread'])} | {r['searches']:.2f} ({pct(r['no_search'])}) | "
+            + (
+                f"{pct(r['gold_given'])} / {pct(r['all_gold_given'])} / {pct(r['rewarded_with_all_gold'])} |"
+                if r.get("gold_given") is not None
+                else "not recorded |"
+            )
         )
     lines += [
         "",
@@ -418,8 +448,11 @@ def s3_pilot(args: argparse.Namespace) -> None:
         "dropped by s3's filter, as are yes/no answers); episodes rewarded: the share with Gain Beyond RAG > 0 (on "
         "a kept question, the generator answered from the searcher's documents); within-question: the mean population "
         "variance of one question's episode rewards, and the share of questions whose episodes do not all score "
-        "alike. The warm start was trained on the base world's train questions: in another world it meets other "
-        "entities, as PPO's start there would after a warm start of that world.",
+        "alike; gold passages given: of the question's supporting passages, the share among the documents the "
+        "generator answered from, the share of episodes given all of them, and how often those were rewarded (the "
+        "generator's part; recorded for worlds sampled after the field was added). The warm start was trained on "
+        "the base world's train questions: in another world it meets other entities, as PPO's start there would "
+        "after a warm start of that world.",
     ]
     exp.write(results, "\n".join(lines) + "\n")
 
@@ -436,7 +469,13 @@ def main() -> None:
     parser.add_argument(
         "--generator", default=str(runs_home() / "learn-acesearcher" / "sft"), help="s3: the frozen generator"
     )
-    parser.add_argument("--seed", type=int, default=0, help="s3: the sampling seed")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="s3: the sampling seed (a CPU vLLM server gets none: there it names a draw)",
+    )
+    parser.add_argument("--max-turns", type=int, default=2, help="s3: the agent's search turns (learn_s3's 2)")
     parser.add_argument(
         "--temperature", type=float, default=None, help="rollout temperature (AceSearcher: 1.0, s3: PPO's 0.6)"
     )

@@ -787,6 +787,12 @@ def test_world_pilot_s3_signal_counts_rewarded_episodes_and_the_spread_within_a_
     assert signal["variance"] == pytest.approx(0.125) and signal["spread"] == 0.5
     assert signal["searches"] == 1.0 and signal["no_search"] == 0.25 and signal["nothing_written"] == 0.25
     assert s3_signal([])["episodes"] == 0
+    assert signal["gold_given"] is None  # episodes sampled before the field was recorded
+    gold = [{**episode("a", 1.0), "gold_given": 1.0}, {**episode("a", 0.0), "gold_given": 1.0}]
+    gold += [{**episode("b", 0.0), "gold_given": 0.5}]
+    assert s3_signal(gold)["gold_given"] == pytest.approx(2.5 / 3)
+    assert s3_signal(gold)["all_gold_given"] == pytest.approx(2 / 3)
+    assert s3_signal(gold)["rewarded_with_all_gold"] == 0.5
 
 
 def test_world_pilot_keeps_no_world_whose_episodes_failed(
@@ -817,6 +823,7 @@ def test_world_pilot_keeps_no_world_whose_episodes_failed(
         worlds=["two_hop"],
         low=0.2,
         high=0.6,
+        max_turns=2,
     )
     with pytest.raises(SystemExit, match="1 of 1 episodes failed"):
         world_pilot.s3_pilot(args)
@@ -878,6 +885,7 @@ def test_world_pilot_samples_s3_episodes_per_world_as_ppo_does_and_reads_them_ba
     (kept,) = (tmp_path / "work" / "pilot").glob("base-*/s3-episodes-*.json")
     episodes = json.loads(kept.read_text())["episodes"]
     assert [e["sample"] for e in episodes] == [0, 1] * written["worlds"]["base"]["data"]["kept"]
+    assert all(0.0 <= e["gold_given"] <= 1.0 for e in episodes)  # the synthetic questions have gold passages
     again = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "results" / "results.json").read_text())["worlds"] == written["worlds"]
