@@ -244,6 +244,9 @@ def test_a_client_that_does_not_send_seeds_leaves_them_out_of_every_request(serv
     run(_generate_and_close(llm, [Request.chat("q")], Sampling(n=2, temperature=1.0, seed=7)))
     assert server.received and all("seed" not in r.body for r in server.received)
     assert llm.describe()["send_seed"] is False
+    assert make_llm(server.url, seeds="drop").send_seed is False and make_llm(server.url).send_seed is True
+    with pytest.raises(LLMError, match="seeds"):
+        make_llm(server.url, seeds="never")
 
 
 def test_server_returned_stop_string_is_cut_and_finish_reason_mapped(server: ScriptedServer) -> None:

@@ -24,6 +24,9 @@ Options (all optional):
     header is honoured up to the same cap. Other 4xx answers fail at once.
 ``backoff`` (0.5)
     Base of the exponential backoff, in seconds.
+``seeds`` (``send``)
+    ``drop``: a request's sampling seed is not sent (the server samples unseeded), for a vLLM CPU server, whose
+    engine dies on some seeded requests (the ``vllm:`` backend drops them there by itself).
 ``token_out`` (0)
     Token-in, token-out, as RL rollouts need (vLLM's extensions of ``/completions``): the prompt goes to
     ``/completions`` as token ids (the request's own ``prompt_ids``, or, with the served model's tokenizer, chat
@@ -101,7 +104,7 @@ _FINISH_REASONS = {
     "length": "length",
     "max_tokens": "length",
 }
-_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env", "token_out")
+_OPTIONS = ("concurrency", "timeout", "deadline", "max_retries", "backoff", "key_env", "token_out", "seeds")
 
 
 class OpenAICompatLLM(LLM):
@@ -589,4 +592,11 @@ def make_openai_llm(target: str, options: dict[str, str]) -> OpenAICompatLLM:
         backoff=number_option(options, "backoff", float, 0.5, LLMError, "openai spec"),
         key_env=options.get("key_env") or "OPENAI_API_KEY",
         token_out=bool_option(options, "token_out", LLMError, "openai spec"),
+        send_seed=_send_seed(options.get("seeds", "send")),
     )
+
+
+def _send_seed(value: str) -> bool:
+    if value not in ("send", "drop"):
+        raise LLMError(f"openai spec option seeds={value!r}: expected send or drop")
+    return value == "send"
