@@ -208,3 +208,5 @@ def test_each_call_of_a_seeded_run_gets_its_own_seed_and_a_rerun_the_same_ones()
     assert all(0 <= s < 2**31 for s in first[:2] + other[:2])
     unseeded = Sampling(temperature=0.7)
     assert call_seed(unseeded, copy(0), "think") is unseeded
+    odd = Trace(example=Example(id="q1", question="Who?", answers=["Ann"], metadata=None), method="t")  # type: ignore[arg-type]
+    assert call_seed(seeded, odd, "think").seed == call_seed(seeded, odd, "think").seed  # no metadata: no crash

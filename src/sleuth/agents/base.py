@@ -36,7 +36,8 @@ def call_seed(sampling: Sampling, trace: Trace, kind: str) -> Sampling:
     advantage. Per call, each copy draws its own trajectory and a rerun of the same step draws the same ones."""
     if sampling.seed is None or sampling.greedy:
         return sampling
-    rl = trace.example.metadata.get("rl") or {}
+    rl = (trace.example.metadata or {}).get("rl")
+    rl = rl if isinstance(rl, dict) else {}
     key = f"{sampling.seed}|{trace.example.id}|{rl.get('group', '')}|{rl.get('sample', 0)}|{len(trace.steps)}|{kind}"
     seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big") >> 1  # 31 bits
     return dataclasses.replace(sampling, seed=seed)
