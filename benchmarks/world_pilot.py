@@ -280,12 +280,22 @@ def gold_given(episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
     (the generator's accuracy where the searcher did its part)."""
     known = [e for e in episodes if e.get("gold_given") is not None]
     if not known:
-        return {"gold_given": None, "all_gold_given": None, "rewarded_with_all_gold": None}
+        return {
+            "gold_given": None,
+            "all_gold_given": None,
+            "rewarded_with_all_gold": None,
+            "all_gold_by_documents": {},
+        }
     complete = [e for e in known if e["gold_given"] == 1.0]
+    by_count: dict[str, list[int]] = {}
+    for e in complete:  # how many documents the generator read besides the gold ones
+        by_count.setdefault(str(int(e.get("selected") or 0)), [0, 0])[e["reward"] > 0] += 1
     return {
         "gold_given": statistics.fmean(e["gold_given"] for e in known),
         "all_gold_given": len(complete) / len(known),
         "rewarded_with_all_gold": sum(e["reward"] > 0 for e in complete) / len(complete) if complete else None,
+        # documents given -> [not rewarded, rewarded], over the episodes given every gold passage
+        "all_gold_by_documents": dict(sorted(by_count.items(), key=lambda kv: int(kv[0]))),
     }
 
 
@@ -454,6 +464,24 @@ def s3_pilot(args: argparse.Namespace) -> None:
         "the base world's train questions: in another world it meets other entities, as PPO's start there would "
         "after a warm start of that world.",
     ]
+    counted = {name: r["all_gold_by_documents"] for name, r in rows.items() if r.get("all_gold_by_documents")}
+    if counted:
+        lines += [
+            "",
+            "Episodes given every gold passage, by the number of documents the generator read (rewarded / all):",
+            "",
+            "| world | " + " | ".join(f"{n} documents" for n in range(3, 10)) + " |",
+            "|---|" + "---:|" * 7,
+        ]
+        for name, counts in counted.items():
+            cells = [f"{c[1]} / {sum(c)}" if (c := counts.get(str(n))) else "–" for n in range(3, 10)]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "Three documents are what the generator reads when no later document was kept beside the initial "
+            "top-3 (not the only way to reach three): naive RAG's own context, which every question the filter "
+            "kept was missed on.",
+        ]
     exp.write(results, "\n".join(lines) + "\n")
 
 

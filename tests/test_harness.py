@@ -793,6 +793,8 @@ def test_world_pilot_s3_signal_counts_rewarded_episodes_and_the_spread_within_a_
     assert s3_signal(gold)["gold_given"] == pytest.approx(2.5 / 3)
     assert s3_signal(gold)["all_gold_given"] == pytest.approx(2 / 3)
     assert s3_signal(gold)["rewarded_with_all_gold"] == 0.5
+    gold = [{**e, "selected": n} for e, n in zip(gold, (3, 4, 4), strict=True)]
+    assert s3_signal(gold)["all_gold_by_documents"] == {"3": [0, 1], "4": [1, 0]}
 
 
 def test_world_pilot_keeps_no_world_whose_episodes_failed(
