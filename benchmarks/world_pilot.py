@@ -288,7 +288,7 @@ def gold_given(episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
         }
     complete = [e for e in known if e["gold_given"] == 1.0]
     by_count: dict[str, list[int]] = {}
-    for e in complete:  # how many documents the generator read besides the gold ones
+    for e in complete:  # by the number of documents the generator read, the gold ones included
         by_count.setdefault(str(int(e.get("selected") or 0)), [0, 0])[e["reward"] > 0] += 1
     return {
         "gold_given": statistics.fmean(e["gold_given"] for e in known),
