@@ -103,6 +103,7 @@ FULL = {
     "steps": 30,
     "prompts": 16,
     "group": 7,
+    "rollout_batch": 112,
 }
 
 
@@ -195,6 +196,7 @@ def slice_questions(files: list[str], start: int, count: int) -> list[Any]:
 def evaluate(model: Path, examples: list[Any], agent: Any, options: str, engine: str) -> dict[str, Any]:
     """Greedy arena on ``examples`` with their given paragraphs: per-question metrics."""
     from types import SimpleNamespace
+    from urllib.parse import parse_qs
 
     from sleuth.agents import Context
     from sleuth.eval.metrics import score_example
@@ -204,7 +206,10 @@ def evaluate(model: Path, examples: list[Any], agent: Any, options: str, engine:
 
     llm = load_llm(engine_spec(SimpleNamespace(engine=engine, llm_options=options), model))
     try:
-        traces = run("arena", examples, Context(llm=llm, retriever=None, config=agent), progress=True)
+        # as many questions in flight as the engine batches (a GPU's --llm-options max_batch=160: one generate call)
+        batch = int(parse_qs(options).get("max_batch", ["64"])[0])
+        ctx = Context(llm=llm, retriever=None, config=agent)
+        traces = run("arena", examples, ctx, progress=True, concurrency=max(64, batch))
     finally:
         close_llm(llm)
     per: dict[str, list[float]] = {m: [] for m in METRICS}
@@ -319,6 +324,12 @@ def main() -> None:
     parser.add_argument("--format-warmup", type=int, default=32, help="warm-start questions (0: none, as the paper)")
     parser.add_argument("--warmup-lr", type=float, default=1e-4, help="full fine-tuning rate of the warm start")
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
+    parser.add_argument(
+        "--rollout-batch",
+        type=int,
+        default=32,
+        help="rows per generate call of the hf rollouts (a GPU: a step's prompts x G); how, not what: not keyed",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--engine",
@@ -421,6 +432,8 @@ def main() -> None:
             seed=args.seed,
             agent=agent,
             accuracy=g.get("accuracy", "em"),
+            rollout_batch=args.rollout_batch,
+            concurrency=max(64, args.rollout_batch),
         )
         if args.rollouts == "vllm":  # the adapter trains on top of `start`, so the server serves `start`
             config.rollout_server = f"vllm:{start}?enable_lora=1&max_lora_rank={config.lora_r}"

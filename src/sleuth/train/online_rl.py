@@ -287,7 +287,11 @@ class RLConfig(TrainConfig):
     # where each step's adapter (or, without lora, full weights) is written for the server to read (default OUT/served)
     rollout_adapter_dir: str = ""
     save_steps: int = 10
-    concurrency: int = 64
+    concurrency: int = 64  # episodes in flight at once
+    # rows per transformers ``generate`` call of the live-policy rollouts (no rollout_server): on a GPU a decoding
+    # step costs about the same for 32 rows as for a step's whole batch of episodes, so a GPU run raises it to
+    # prompts_per_step x group_size (and concurrency with it); on the CPU 32 rows already fill the cores
+    rollout_batch: int = 32
     progress: bool = True
     # a step whose failed episodes (a rollout that raised, a reward that could not be computed) exceed this share of
     # its episodes stops the run before the update, naming the errors: failures are a bug or a dead endpoint, not
@@ -1345,7 +1349,9 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         sharded=config.sharding == "fsdp" and (dist.world > 1 or torch.distributed.is_initialized()),
         replicated=dist.world > 1,
     )
-    llm = HFLLM.from_model(models.policy, models.tokenizer, autocast=models.compute_dtype)
+    llm = HFLLM.from_model(
+        models.policy, models.tokenizer, max_batch=config.rollout_batch, autocast=models.compute_dtype
+    )
     served = None
     if config.rollout_server:
         from sleuth.train.served_policy import ServedPolicy
