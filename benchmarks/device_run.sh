@@ -9,6 +9,11 @@
 #   device call 2, carry [".gpu-carry/2"]:  bash benchmarks/device_run.sh run python3 benchmarks/gpu_check.py
 #   later calls (same warm machine, nothing carried):  bash benchmarks/device_run.sh again python3 ...
 #
+# Benchmarks that read ../shared/data (learn_arena, learn_real) need its files too, which fit in neither call above:
+#   bash benchmarks/device_run.sh prepare-data hotpotqa/hotpot.json ...   # here: .gpu-carry/data (paths under data/)
+#   a later call, carry [".gpu-carry/data"]:  bash benchmarks/device_run.sh again python3 benchmarks/learn_arena.py ...
+# `run` and `again` link ../shared/data to the carried copy when it came along (the device gets no ../shared).
+#
 # `run` assembles and converts the model into SLEUTH_HOME=/tmp/gs/home (sha256 checked), runs the command with
 # sleuth on PYTHONPATH, then packs $SLEUTH_HOME/runs (weights, checkpoints and indexes left out) into
 # $OUT/runs.tgz. STOP_AFTER=SECONDS is a deadline counted from this script's start (the model's assembly and
@@ -33,6 +38,9 @@ idna==3.20 anyio==4.16.0 h11==0.16.0 click==8.5.1 typing_extensions==4.16.0 fssp
 annotated-doc==0.0.7"
 
 env_for_sleuth() {
+  if [ -d "$CARRY/data" ]; then
+    mkdir -p "$(dirname "$ROOT")/shared" && ln -sfn "$CARRY/data" "$(dirname "$ROOT")/shared/data"
+  fi
   export PYTHONPATH=$ROOT/src:$STATE/site SLEUTH_HOME=$STATE/home PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
   export TOKENIZERS_PARALLELISM=false
 }
@@ -71,6 +79,14 @@ case "$MODE" in
     rm "$CARRY/model.xz"
     du -sb "$CARRY"/1 "$CARRY"/2
     ;;
+  prepare-data)
+    data=$(dirname "$ROOT")/shared/data
+    rm -rf "$CARRY/data"
+    for f in "$@"; do
+      mkdir -p "$CARRY/data/$(dirname "$f")" && cp "$data/$f" "$CARRY/data/$f" || exit 1
+    done
+    du -sb "$CARRY/data"
+    ;;
   stash)
     mkdir -p "$STATE"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -103,7 +119,7 @@ PY
     run_command "$@"
     ;;
   *)
-    echo "usage: $0 prepare | stash | run COMMAND... | again COMMAND..." >&2
+    echo "usage: $0 prepare | prepare-data FILE... | stash | run COMMAND... | again COMMAND..." >&2
     exit 2
     ;;
 esac

@@ -36,6 +36,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import socket
 import sys
 import tempfile
@@ -588,7 +589,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"# GPU check ({env['gpu'] or env['device']})",
         "",
         f"Model `{Path(env['model']).name}`; torch {env['packages']['torch']}, transformers "
-        f"{env['packages']['transformers']}, trl {env['packages']['trl']}. `python benchmarks/gpu_check.py`.",
+        f"{env['packages']['transformers']}, trl {env['packages']['trl']}. "
+        f"`{report.get('command', 'python benchmarks/gpu_check.py')}`.",
         "",
         "| part | status | tokens | timed s | tokens/s | part s | peak GiB | note |",
         "|---|---|---:|---:|---:|---:|---:|---|",
@@ -596,7 +598,9 @@ def markdown(report: dict[str, Any]) -> str:
     for part in report["parts"]:
         detail = part["detail"]
         note = part["error"] or ", ".join(
-            f"{k} {v}" for k, v in detail.items() if k in ("steps", "bf16", "parallelism", "rollout_seconds")
+            f"{k} {v}"
+            for k, v in detail.items()
+            if k in ("steps", "bf16", "parallelism", "rollout_seconds", "seconds_per_step", "raw_seconds_per_step")
         )
         peak = detail.get("peak_gib")
         lines.append(
@@ -637,7 +641,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     results = run_parts(settings, names)
+    given = sys.argv[1:] if argv is None else argv
     report = {
+        "command": " ".join(["python benchmarks/gpu_check.py", *(shlex.quote(a) for a in given)]),
         "environment": environment(settings),
         "settings": dataclasses.asdict(settings),
         "seconds": round(time.perf_counter() - t0, 1),

@@ -223,6 +223,61 @@ def evaluate(model: Path, examples: list[Any], agent: Any, options: str, engine:
     return {"per_example": per, "model": str(model), "engine": engine}
 
 
+def citation_chance(rollouts: list[Any]) -> dict[str, float]:
+    """The sampled citations of one GRPO step against chance: per episode with supporting references among the
+    ones shown, citation recall and precision and ARENA's relevance reward, each beside its expected value for the
+    same number of distinct valid references drawn at random from the ``n`` shown (recall k/n, precision g/n,
+    relevance P(exact set) + 0.5 P(other overlap)); means over those episodes. A reader whose citations sit at
+    chance gives GRPO's relevance term luck to reinforce, not a reading of the references."""
+    from math import comb
+
+    sums = dict.fromkeys(
+        ("recall", "recall_chance", "precision", "precision_chance", "relevance", "relevance_chance"), 0.0
+    )
+    episodes = cited = 0
+    for rollout in rollouts:
+        meta, example = rollout.trace.meta, rollout.trace.example
+        shown = list(meta.get("reference_ids") or [])
+        support = set(example.supporting_ids)
+        gold = {i for i, ref in enumerate(shown, 1) if ref in support}
+        if not gold:
+            continue
+        n, g = len(shown), len(gold)
+        picked = {i for i in meta.get("relevance") or [] if isinstance(i, int) and 1 <= i <= n}
+        k = len(picked)
+        episodes += 1
+        sums["recall"] += len(picked & gold) / g
+        sums["recall_chance"] += k / n
+        exact = 1 / comb(n, k) if k == g else 0.0
+        overlap = 1 - comb(n - g, k) / comb(n, k)
+        sums["relevance"] += float((rollout.extra.get("components") or {}).get("relevance", 0.0))
+        sums["relevance_chance"] += exact + 0.5 * (overlap - exact)
+        if k:
+            cited += 1
+            sums["precision"] += len(picked & gold) / k
+            sums["precision_chance"] += g / n
+    if not episodes:
+        return {"episodes": 0}
+    means = {key: value / episodes for key, value in sums.items() if not key.startswith("precision")}
+    means.update({key: sums[key] / cited if cited else 0.0 for key in ("precision", "precision_chance")})
+    return {"episodes": episodes, "cited": cited, **means}
+
+
+def citation_table(steps: list[dict[str, Any]]) -> list[str]:
+    """Markdown rows of each step's :func:`citation_chance`."""
+    head = "| step | episodes | citing | recall | chance | precision | chance | relevance reward | chance |"
+    lines = [head, "|---" * 9 + "|"]
+    for row in steps:
+        c = row["citations"]
+        if not c.get("episodes"):
+            continue
+        cells = [str(row["step"]), str(c["episodes"]), str(c["cited"])]
+        cells += [f"{c[k]:.3f}" for k in ("recall", "recall_chance", "precision", "precision_chance")]
+        cells += [f"{c[k]:.3f}" for k in ("relevance", "relevance_chance")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def warmup_target(example: Any, references: list[Any]) -> str:
     """ARENA's SFT target layout (arena.md §3.5) with a templated analysis citing each gold reference."""
     import re
@@ -357,6 +412,7 @@ def main() -> None:
     from sleuth.agents.arena import ArenaConfig
     from sleuth.llm import Sampling
     from sleuth.train.arena_rl import ArenaRLConfig, train_arena
+    from sleuth.train.rollouts import RolloutStore
 
     s = settings(args)
     work, results = run_dirs("learn_arena", args, RESULTS)
@@ -459,6 +515,10 @@ def main() -> None:
     log = grpo["log"]
     step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
     steps = rollout_steps(Path(grpo["dir"]), log)
+    for row in steps:
+        row["citations"] = citation_chance(
+            list(RolloutStore(Path(grpo["dir"]) / "rollouts" / f"step-{row['step']:05d}"))
+        )
     models = {stage: short(ev["model"]) for stage, ev in test.items()}
     g = s["grpo"]
     lines = exp.header(
@@ -499,6 +559,12 @@ def main() -> None:
         "rewards differ; a component earned by no episode of a mixed group gives that component no direction.",
         "",
         *step_table(steps, [(c, c) for c in ("format", "accuracy", "relevance", "bonus")], groups=True),
+        "",
+        "Sampled citations against chance (`citation_chance`): per episode whose shown references include a "
+        "supporting one, the means of citation recall, precision (over episodes citing any) and the relevance "
+        "reward, each beside its expectation for as many references drawn at random from those shown.",
+        "",
+        *citation_table(steps),
         "",
     ]
     if "dev" in evaluations:

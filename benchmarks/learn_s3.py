@@ -370,14 +370,28 @@ def warm_summary(warm: dict[str, Any], w: dict[str, Any]) -> str:
     )
 
 
-def s3_agent(tokens: int = 96, generator_tokens: int = 24, max_turns: int = 2) -> Any:
+def s3_agent(
+    tokens: int = 96,
+    generator_tokens: int = 24,
+    max_turns: int = 2,
+    max_selected: int = 3,
+    context_order: str = "chronological",
+) -> Any:
     """The benchmark's s3 agent: three documents a search and at the start, ``max_turns`` search turns (the paper's
     code 3, here 2 for CPU time), ``tokens`` a searcher turn and ``generator_tokens`` for the generator's answer
-    (both greedy; PPO sets its own sampling)."""
+    (both greedy; PPO sets its own sampling). ``max_selected`` (documents kept a turn, the prompt's 3) and
+    ``context_order`` are S3Config's; the s3 pilot varies them."""
     from sleuth.agents.s3 import S3Config
     from sleuth.llm import Sampling
 
-    agent = S3Config(k=3, k_initial=3, max_turns=max_turns, sampling=Sampling(max_new_tokens=tokens))
+    agent = S3Config(
+        k=3,
+        k_initial=3,
+        max_turns=max_turns,
+        max_selected=max_selected,
+        context_order=context_order,
+        sampling=Sampling(max_new_tokens=tokens),
+    )
     agent.generator_sampling = dataclasses.replace(agent.generator_sampling, max_new_tokens=generator_tokens)
     return agent
 

@@ -367,7 +367,7 @@ def s3_pilot(args: argparse.Namespace) -> None:
     for path in (searcher, generator_model):
         if not (path / "model.safetensors").exists():
             raise SystemExit(f"{path}: no model (run benchmarks/learn_acesearcher.py and benchmarks/learn_s3.py)")
-    agent = s3_agent(max_turns=args.max_turns)
+    agent = s3_agent(max_turns=args.max_turns, max_selected=args.max_selected, context_order=args.context_order)
     config = S3RLConfig(
         model=str(searcher),
         output_dir=str(work / "pilot" / "unused"),
@@ -429,7 +429,8 @@ def s3_pilot(args: argparse.Namespace) -> None:
         f"The searcher warm start of benchmarks/learn_s3.py (`{short(searcher)}`) sampled as a PPO step samples "
         f"(T = {config.temperature:g}, top-p {config.top_p:g}, the s3 benchmark's agent), {args.samples} episodes "
         f"on each dev question (of the first {args.questions}) that s3's filter keeps, with the frozen generator "
-        f"`{short(generator_model)}`; reward Gain Beyond RAG; {args.max_turns} search turns. Worlds: `BASE` "
+        f"`{short(generator_model)}`; reward Gain Beyond RAG; {args.max_turns} search turns, up to "
+        f"{args.max_selected} documents kept a turn, {args.context_order} order. Worlds: `BASE` "
         f"{json.dumps(BASE)} with the knobs shown. Chosen by `choose_world` ({choice['rule']}, accuracy = the "
         "share of rewarded episodes): "
         f"**{choice['world']}**{'' if choice['in_range'] else ' (no world in range: the nearest)'}.",
@@ -504,6 +505,15 @@ def main() -> None:
         help="s3: the sampling seed (a CPU vLLM server gets none: there it names a draw)",
     )
     parser.add_argument("--max-turns", type=int, default=2, help="s3: the agent's search turns (learn_s3's 2)")
+    parser.add_argument(
+        "--max-selected", type=int, default=3, help="s3: documents kept a search turn (the paper's prompt: 3)"
+    )
+    parser.add_argument(
+        "--context-order",
+        choices=("chronological", "selected_first"),
+        default="chronological",
+        help="s3: the generator's document order (S3Config.context_order)",
+    )
     parser.add_argument(
         "--temperature", type=float, default=None, help="rollout temperature (AceSearcher: 1.0, s3: PPO's 0.6)"
     )

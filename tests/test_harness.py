@@ -112,6 +112,43 @@ def test_trials_accumulate_and_list_what_varied(tmp_path: Path) -> None:
     assert trials[0]["id"] == key_hash({"lr": 1, "k": 3})
 
 
+def test_arena_citation_chance_matches_random_citations_and_reads_a_perfect_reader() -> None:
+    """learn_arena's citation_chance: a reader citing at random scores its own chance columns (Monte Carlo over
+    2,000 episodes, the relevance reward computed by ARENA's reward function); one citing the gold set scores 1."""
+    import random
+
+    from learn_arena import citation_chance
+
+    from sleuth.records import Example, Passage, Trace
+    from sleuth.train.rewards import arena_relevance_reward
+    from sleuth.train.rollouts import Rollout
+
+    rng = random.Random(0)
+
+    def episode(n: int, gold: list[int], cited: list[int]) -> Rollout:
+        refs = [Passage(id=f"p{i}", title="", text="") for i in range(1, n + 1)]
+        example = Example(id="q", question="?", context=refs, supporting_ids=[f"p{i}" for i in gold])
+        completion = f"<relevance>\n{cited}\n</relevance>"
+        meta = {"reference_ids": [r.id for r in refs], "relevance": cited}
+        relevance = arena_relevance_reward(completion, gold)
+        return Rollout("q", "q", 0, Trace(example, "arena", meta=meta), {"components": {"relevance": relevance}})
+
+    # n 10, 2 gold, 2 cited: recall chance 2/10, relevance 1/45 + 0.5 * (17/45 - 1/45) = 9/45
+    exact = citation_chance([episode(10, [3, 7], [1, 2])])
+    assert exact["recall_chance"] == pytest.approx(0.2) and exact["relevance_chance"] == pytest.approx(9 / 45)
+    assert exact["precision_chance"] == pytest.approx(0.2) and exact["recall"] == 0.0
+    episodes = []
+    for _ in range(2000):
+        n, k = rng.choice([6, 10]), rng.choice([1, 2, 3])
+        gold = rng.sample(range(1, n + 1), rng.choice([1, 2]))
+        episodes.append(episode(n, gold, rng.sample(range(1, n + 1), k)))
+    at_random = citation_chance(episodes)
+    for metric in ("recall", "precision", "relevance"):
+        assert at_random[metric] == pytest.approx(at_random[f"{metric}_chance"], abs=0.03)
+    perfect = citation_chance([episode(10, [3, 7], [3, 7]), episode(6, [2], [2]), episode(6, [], [1])])
+    assert perfect["episodes"] == 2 and perfect["recall"] == perfect["precision"] == perfect["relevance"] == 1.0
+
+
 def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_path: Path) -> None:
     from learn_exsearch import effective_sample_size
 
