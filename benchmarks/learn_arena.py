@@ -228,11 +228,22 @@ def citation_chance(rollouts: list[Any]) -> dict[str, float]:
     ones shown, citation recall and precision and ARENA's relevance reward, each beside its expected value for the
     same number of distinct valid references drawn at random from the ``n`` shown (recall k/n, precision g/n,
     relevance P(exact set) + 0.5 P(other overlap)); means over those episodes. A reader whose citations sit at
-    chance gives GRPO's relevance term luck to reinforce, not a reading of the references."""
+    chance gives GRPO's relevance term luck to reinforce, not a reading of the references. ``recall_overlap``: the
+    recall of as many references picked by :func:`overlap_order` (shared words with the question), what a reader
+    that only matches words would cite."""
     from math import comb
 
     sums = dict.fromkeys(
-        ("recall", "recall_chance", "precision", "precision_chance", "relevance", "relevance_chance"), 0.0
+        (
+            "recall",
+            "recall_chance",
+            "recall_overlap",
+            "precision",
+            "precision_chance",
+            "relevance",
+            "relevance_chance",
+        ),
+        0.0,
     )
     episodes = cited = 0
     for rollout in rollouts:
@@ -248,6 +259,9 @@ def citation_chance(rollouts: list[Any]) -> dict[str, float]:
         episodes += 1
         sums["recall"] += len(picked & gold) / g
         sums["recall_chance"] += k / n
+        passages = {p.id: p for p in example.context}
+        texts = [f"{passages[r].title} {passages[r].text}" if r in passages else "" for r in shown]
+        sums["recall_overlap"] += len(set(overlap_order(example.question, texts)[:k]) & gold) / g
         exact = 1 / comb(n, k) if k == g else 0.0
         overlap = 1 - comb(n - g, k) / comb(n, k)
         sums["relevance"] += float((rollout.extra.get("components") or {}).get("relevance", 0.0))
@@ -263,16 +277,38 @@ def citation_chance(rollouts: list[Any]) -> dict[str, float]:
     return {"episodes": episodes, "cited": cited, **means}
 
 
+_FUNCTION_WORDS = (
+    "a an the of in on at to for from by with and or is was were are be been who what which when where "
+    "how whose whom that this these those did does do as it its his her their he she they"
+)
+STOPWORDS = frozenset(_FUNCTION_WORDS.split())
+
+
+def overlap_order(question: str, texts: list[str]) -> list[int]:
+    """1-based reference numbers ordered by how many distinct content words of ``question`` each text contains
+    (lower-cased word tokens minus a few function words), ties by position."""
+    import re
+
+    def words(text: str) -> set[str]:
+        return {w for w in re.findall(r"\w+", text.lower()) if w not in STOPWORDS}
+
+    asked = words(question)
+    counts = [len(asked & words(text)) for text in texts]
+    return sorted(range(1, len(texts) + 1), key=lambda i: (-counts[i - 1], i))
+
+
 def citation_table(steps: list[dict[str, Any]]) -> list[str]:
     """Markdown rows of each step's :func:`citation_chance`."""
-    head = "| step | episodes | citing | recall | chance | precision | chance | relevance reward | chance |"
-    lines = [head, "|---" * 9 + "|"]
+    head = "| step | episodes | citing | recall | chance | word overlap | precision | chance | relevance reward | "
+    head += "chance |"
+    lines = [head, "|---" * 10 + "|"]
     for row in steps:
         c = row["citations"]
         if not c.get("episodes"):
             continue
         cells = [str(row["step"]), str(c["episodes"]), str(c["cited"])]
-        cells += [f"{c[k]:.3f}" for k in ("recall", "recall_chance", "precision", "precision_chance")]
+        keys = ("recall", "recall_chance", "recall_overlap", "precision", "precision_chance")
+        cells += [f"{c[k]:.3f}" if k in c else "–" for k in keys]
         cells += [f"{c[k]:.3f}" for k in ("relevance", "relevance_chance")]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -562,7 +598,8 @@ def main() -> None:
         "",
         "Sampled citations against chance (`citation_chance`): per episode whose shown references include a "
         "supporting one, the means of citation recall, precision (over episodes citing any) and the relevance "
-        "reward, each beside its expectation for as many references drawn at random from those shown.",
+        "reward, each beside its expectation for as many references drawn at random from those shown; word overlap: "
+        "the recall of as many references ranked by the question words they contain (`overlap_order`).",
         "",
         *citation_table(steps),
         "",

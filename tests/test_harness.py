@@ -149,6 +149,15 @@ def test_arena_citation_chance_matches_random_citations_and_reads_a_perfect_read
     assert perfect["episodes"] == 2 and perfect["recall"] == perfect["precision"] == perfect["relevance"] == 1.0
 
 
+def test_arena_overlap_order_ranks_references_by_the_question_words_they_share() -> None:
+    from learn_arena import overlap_order
+
+    texts = ["The Eiffel Tower is in Paris.", "Bananas are yellow.", "Gustave Eiffel designed the tower in Paris."]
+    # "eiffel", "tower", "paris" shared by 1 and 3 (3: also "designed"); function words ("who", "the") never count
+    assert overlap_order("Who designed the Eiffel Tower in Paris?", texts) == [3, 1, 2]
+    assert overlap_order("the of who", texts) == [1, 2, 3]
+
+
 def test_exsearch_report_ess_counts_the_trajectories_the_m_step_trains_on(tmp_path: Path) -> None:
     from learn_exsearch import effective_sample_size
 
