@@ -215,6 +215,8 @@ def warmup_settings(args: argparse.Namespace, world: dict[str, Any]) -> dict[str
     warmup["token_reduction"] = "sum"  # each searcher token weighs the same (warm_start_searcher)
     if args.searcher_warmup_searching_only:  # only when set, so runs from before the option keep their key
         warmup["searching_only"] = True
+    if args.searcher_warmup_initial != "whole":  # likewise
+        warmup["initial"] = args.searcher_warmup_initial
     return {"warmup": {**warmup, "batch": 8, "micro_batch": 1, "after": world["train_questions"] // 2}}
 
 
@@ -235,11 +237,11 @@ def warm_start(
     tokenizer = AutoTokenizer.from_pretrained(base)  # the observation cap counts the searcher's tokens
     retriever = load_retriever(index)
     pool = list(load_synth(world / "train.jsonl"))[w["after"] :]
-    only = bool(w.get("searching_only"))
-    records, summary = searcher_warmup_records(pool, retriever, agent, tokenizer, only)
+    only, initial = bool(w.get("searching_only")), w.get("initial", "whole")
+    records, summary = searcher_warmup_records(pool, retriever, agent, tokenizer, only, initial)
     if len(records) > w["questions"]:  # the data is the first N transcripts: summarise the questions up to the last
         last = next(i for i, e in enumerate(pool) if e.id == records[w["questions"] - 1]["id"])
-        records, summary = searcher_warmup_records(pool[: last + 1], retriever, agent, tokenizer, only)
+        records, summary = searcher_warmup_records(pool[: last + 1], retriever, agent, tokenizer, only, initial)
     if not records:
         raise SystemExit(f"searcher warm start: no gold transcript could be built ({summary})")
     out.mkdir(parents=True, exist_ok=True)
@@ -364,7 +366,14 @@ def warm_summary(warm: dict[str, Any], w: dict[str, Any]) -> str:
         f"{w['after'] + 1} to {w['after'] + data['questions']} (skipped: {skipped}): {searches}. Of "
         f"their {hops['hops']} retrieval hops, {hops['hops_in_initial']} were in the initial naive-RAG documents, "
         f"{hops['hops_queried']} were queried with the gold sub-question ({hops['gold_retrieved']} of these found "
-        f"their gold passage) and {hops['hops_beyond_max_turns']} were left beyond the turn limit. Full fine-tuning "
+        f"their gold passage) and {hops['hops_beyond_max_turns']} were left beyond the turn limit. "
+        + (
+            "The first reply selects the initial documents' gold ones (`--searcher-warmup-initial gold`, a deviation: "
+            "the code's searchers keep them whole). "
+            if w.get("initial") == "gold"
+            else ""
+        )
+        + f"Full fine-tuning "
         f"on {train['trained']} of them: {w['epochs']:g} epochs, lr {w['lr']:g}, {train['steps']} steps, {losses}, "
         f"{train['seconds']:.0f} s."
     )
@@ -429,6 +438,13 @@ def main() -> None:
         action="store_true",
         help="warm start on transcripts that search at least once (questions whose gold passages are all in the "
         "initial documents are skipped): the searcher learns to search, PPO when to stop",
+    )
+    parser.add_argument(
+        "--searcher-warmup-initial",
+        choices=("whole", "gold"),
+        default="whole",
+        help="the gold transcripts' first reply: keeps the initial documents whole (the code's searchers) or selects "
+        "their gold ones like any block's (a deviation: the searcher learns to drop naive RAG's other documents)",
     )
     parser.add_argument(
         "--rl",

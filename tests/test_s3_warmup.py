@@ -20,7 +20,7 @@ from sleuth.agents.s3 import (
 from sleuth.records import Example, Passage
 from sleuth.train.s3_rl import gold_reply, searcher_warmup_records, warm_start_searcher
 from sleuth.train.tokens import tokenize_chat
-from tests.scripted import ListRetriever
+from tests.scripted import ListRetriever, ScriptedLLM
 
 QUESTION = "Where is the source of the river that flows through the birthplace of Tesae Togrurn"
 HOP_2 = "Which river flows through Drazeibo?"
@@ -103,6 +103,34 @@ def test_gold_transcript_parses_back_to_the_gold_queries_and_doc_numbers() -> No
         "hops_beyond_max_turns": 0,
     }
     assert summary["searches_per_record"] == {"2": 1}
+
+
+def test_initial_gold_selects_the_initial_blocks_gold_documents_and_replays_exactly() -> None:
+    """``initial="gold"`` (the warm start's deviation): the first reply tags the initial block's gold document (Doc 2,
+    G1) beside the first query, the replay through the real agent matches the plan, and the agent serves the
+    generator the gold documents only, naive RAG's two noise documents dropped; with none of the initial documents
+    gold the tag is ``[]``."""
+    from sleuth.agents import Context
+    from sleuth.runner import run
+    from sleuth.train.s3_rl import gold_searches
+
+    retriever = ListRetriever(retrieve)
+    records, summary = searcher_warmup_records([bridge()], retriever, CONFIG, initial="gold")
+    assert summary["records"] == 1 and summary["skipped"] == {}
+    turns = [parse_reply(text, query_open=False) for text in model_replies(records[0])]
+    assert [t.selection for t in turns] == [[2], [2], [1]] and [t.query for t in turns] == [HOP_2, HOP_3, None]
+    assert [t.complete for t in turns] == [False, False, True] and all(t.fallbacks == [] for t in turns)
+    # the same replies through the agent: the generator reads G1, G2, G3 and nothing else
+    searcher = ScriptedLLM(model_replies(records[0]))
+    ctx = Context(llm=searcher, retriever=retriever, config=CONFIG, roles={"generator": ScriptedLLM(["Braresturova"])})
+    trace = run("s3", [bridge()], ctx, progress=False)[0]
+    assert trace.meta["selected_ids"] == ["g1", "g2", "g3"] and trace.meta["naive_rag_ids"] == ["n1", "g1", "n2"]
+
+    elsewhere = bridge("s2", question="Where was Tesae Togrurn born, and which river?")  # initial: noise only
+    searches, _ = gold_searches([elsewhere], retriever, CONFIG, initial="gold")
+    assert searches[0].initial_selection == [] and searches[0].replies[0].startswith("<important_info>\n[]\n")
+    with pytest.raises(ValueError, match="initial"):
+        gold_searches([bridge()], retriever, CONFIG, initial="some")
 
 
 def test_reply_layout_is_the_prompts_json_and_tags() -> None:

@@ -303,6 +303,7 @@ class GoldSearch:
     selections: list[list[int]]
     selected_ids: list[list[str]]
     counts: Counter[str] = field(default_factory=Counter)
+    initial_selection: list[int] | None = None  # the first reply's tag on the initial block (None: kept whole)
 
 
 def gold_reply(selection: list[int] | None, query: str | None) -> str:
@@ -348,7 +349,7 @@ def _retrieval_hops(example: Example) -> tuple[list[tuple[str, list[str]]], str 
 
 
 def gold_searches(
-    examples: Iterable[Example], retriever: Retriever, config: S3Config
+    examples: Iterable[Example], retriever: Retriever, config: S3Config, initial: str = "whole"
 ) -> tuple[list[GoldSearch], Counter[str]]:
     """Plan each example's gold searcher trajectory with the real retriever (one batched search per round), and
     count the examples that have none by reason.
@@ -356,8 +357,11 @@ def gold_searches(
     The searcher starts from the naive-RAG documents (top ``k_initial`` for the question, in the prompt). Each round
     queries the first hop not searched yet whose gold passages have not all been shown (in the initial documents or
     an earlier observation), with its resolved gold sub-question; its observation is the top ``k`` for that query.
-    At most ``max_turns`` queries: hops left uncovered then are counted (``hops_beyond_max_turns``). The initial
-    block gets no ``<important_info>`` (kept whole, as the prompt's example and the code's searchers do); every
+    At most ``max_turns`` queries: hops left uncovered then are counted (``hops_beyond_max_turns``). With
+    ``initial="whole"`` the initial block gets no ``<important_info>`` (kept whole, as the prompt's example and the
+    code's searchers do); ``initial="gold"`` (a deviation of the warm start: it teaches the searcher to drop naive
+    RAG's documents that are not gold, the documents a question kept by s3's filter was missed with) tags it in the
+    first reply with its gold numbers like any other block (``[]``: none kept); every
     searched block selects the numbers of the example's gold passages it shows (possibly none: ``[]`` keeps none of
     it), ascending, at most ``max_selected``; the last reply says ``<search_complete>True``.
 
@@ -374,8 +378,10 @@ def gold_searches(
             plans.append((example, hops))
     if not plans:
         return [], skipped
-    initial = retriever.search([e.question.strip() for e, _ in plans], config.k_initial)  # the agent's q0
-    shown = [{p.id for p in docs} for docs in initial]
+    if initial not in ("whole", "gold"):
+        raise ValueError(f"initial must be 'whole' or 'gold', not {initial!r}")
+    initial_docs = retriever.search([e.question.strip() for e, _ in plans], config.k_initial)  # the agent's q0
+    shown = [{p.id for p in docs} for docs in initial_docs]
     blocks: list[list[list[Passage]]] = [[] for _ in plans]
     queries: list[list[str]] = [[] for _ in plans]
     counts = [Counter({"hops": len(hops)}) for _, hops in plans]
@@ -409,7 +415,11 @@ def gold_searches(
         for docs in blocks[i]:
             numbers = [n for n, p in enumerate(docs, 1) if p.id in gold]
             selections.append(numbers[: config.max_selected] if config.max_selected else numbers)
-        replies = [gold_reply(None, queries[i][0] if queries[i] else None)]
+        first = None
+        if initial == "gold":
+            numbers = [n for n, p in enumerate(initial_docs[i], 1) if p.id in gold]
+            first = numbers[: config.max_selected] if config.max_selected else numbers
+        replies = [gold_reply(first, queries[i][0] if queries[i] else None)]
         for j, selection in enumerate(selections):
             replies.append(gold_reply(selection, queries[i][j + 1] if j + 1 < len(queries[i]) else None))
         searches.append(
@@ -420,6 +430,7 @@ def gold_searches(
                 selections=selections,
                 selected_ids=[[docs[n - 1].id for n in sel] for docs, sel in zip(blocks[i], selections, strict=True)],
                 counts=counts[i],
+                initial_selection=first,
             )
         )
     return searches, skipped
@@ -448,9 +459,11 @@ def _replay_problem(search: GoldSearch, trace: Trace) -> str | None:
     if (trace.meta.get("observation_cap") or {}).get("truncated"):
         return "observation_capped"  # the searcher would see fewer documents than planned
     written = [s["text"] for s in trace.meta.get("transcript") or [] if s["source"] == "model"]
-    searched = (trace.meta.get("rounds") or [])[1:]
+    rounds = trace.meta.get("rounds") or []
+    searched = rounds[1:]
     if (
         written != search.replies
+        or (rounds[0]["important_info"] if rounds else None) != search.initial_selection
         or [r["query"] for r in searched] != search.queries
         or [r["important_info"] for r in searched] != search.selections
         or [r["selected_ids"] for r in searched] != search.selected_ids
@@ -467,6 +480,7 @@ def searcher_warmup_records(
     config: S3Config,
     tokenizer: Any = None,
     searching_only: bool = False,
+    initial: str = "whole",
 ) -> tuple[list[Record], dict[str, Any]]:
     """Gold s3 searcher trajectories as SFT records, and a summary (questions, records, skipped by reason, hop
     counts, searches per record).
@@ -480,7 +494,8 @@ def searcher_warmup_records(
     differs from its plan (another parse, other documents, a capped observation) is skipped and counted, as is an
     example without a usable decomposition or a second example with the same question; nothing raises.
     ``searching_only``: skip (and count, ``needs_no_search``) the questions whose gold passages are all in the initial
-    documents, so every transcript searches at least once.
+    documents, so every transcript searches at least once. ``initial``: :func:`gold_searches`'s (``"gold"``: the
+    first reply also selects the initial block's gold documents).
 
     A record is ``{id, question_id, messages, weight: 1.0, source: "s3-gold", queries, selected_ids}`` with
     ``messages`` = :func:`trajectory_messages` of the replayed trace: the searcher prompt (its initial documents
@@ -490,7 +505,7 @@ def searcher_warmup_records(
     from sleuth.runner import run
 
     examples = list(examples)
-    searches, skipped = gold_searches(examples, retriever, config)
+    searches, skipped = gold_searches(examples, retriever, config, initial)
     replies: dict[str, list[str]] = {}
     unique = []
     for search in searches:
