@@ -467,21 +467,24 @@ def s3_pilot(args: argparse.Namespace) -> None:
     ]
     counted = {name: r["all_gold_by_documents"] for name, r in rows.items() if r.get("all_gold_by_documents")}
     if counted:
+        # every count seen (fewer than three once the searcher drops initial documents), at least 3 to 9
+        seen = {int(n) for counts in counted.values() for n in counts}
+        columns = range(min(3, *seen), max(9, *seen) + 1)
         lines += [
             "",
             "Episodes given every gold passage, by the number of documents the generator read (rewarded / all):",
             "",
-            "| world | " + " | ".join(f"{n} documents" for n in range(3, 10)) + " |",
-            "|---|" + "---:|" * 7,
+            "| world | " + " | ".join(f"{n} documents" for n in columns) + " |",
+            "|---|" + "---:|" * len(columns),
         ]
         for name, counts in counted.items():
-            cells = [f"{c[1]} / {sum(c)}" if (c := counts.get(str(n))) else "–" for n in range(3, 10)]
+            cells = [f"{c[1]} / {sum(c)}" if (c := counts.get(str(n))) else "–" for n in columns]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines += [
             "",
             "Three documents are what the generator reads when no later document was kept beside the initial "
             "top-3 (not the only way to reach three): naive RAG's own context, which every question the filter "
-            "kept was missed on.",
+            "kept was missed on; fewer than three, a searcher that dropped initial documents.",
         ]
     exp.write(results, "\n".join(lines) + "\n")
 
