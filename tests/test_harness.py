@@ -872,6 +872,8 @@ def test_world_pilot_keeps_no_world_whose_episodes_failed(
         low=0.2,
         high=0.6,
         max_turns=2,
+        max_selected=3,
+        context_order="chronological",
     )
     with pytest.raises(SystemExit, match="1 of 1 episodes failed"):
         world_pilot.s3_pilot(args)
