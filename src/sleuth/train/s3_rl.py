@@ -368,6 +368,8 @@ def gold_searches(
     Counts per example: ``hops``, ``hops_in_initial``, ``hops_queried``, ``gold_retrieved`` (queried hops whose gold
     passages their own query found; the next query still names the gold answer when it did not) and
     ``hops_beyond_max_turns``; hops in none of these were shown by another hop's query."""
+    if initial not in ("whole", "gold"):
+        raise ValueError(f"initial must be 'whole' or 'gold', not {initial!r}")
     skipped: Counter[str] = Counter()
     plans: list[tuple[Example, list[tuple[str, list[str]]]]] = []
     for example in examples:
@@ -378,8 +380,6 @@ def gold_searches(
             plans.append((example, hops))
     if not plans:
         return [], skipped
-    if initial not in ("whole", "gold"):
-        raise ValueError(f"initial must be 'whole' or 'gold', not {initial!r}")
     initial_docs = retriever.search([e.question.strip() for e, _ in plans], config.k_initial)  # the agent's q0
     shown = [{p.id for p in docs} for docs in initial_docs]
     blocks: list[list[list[Passage]]] = [[] for _ in plans]
