@@ -925,3 +925,15 @@ def test_the_value_head_starts_as_verl_s_and_adamw_decays_as_configured(tiny_mod
     assert [g["weight_decay"] for g in models.optimizer.param_groups] == [0.0, 0.0]
     with pytest.raises(ValueError, match="value_head_init"):
         dataclasses.replace(s3, value_head_init="xavier").validate()  # type: ignore[arg-type]
+
+
+def test_rows_per_generate_is_a_step_s_episodes_on_a_gpu_and_32_on_the_cpu() -> None:
+    """RLConfig.rollout_batch 0 (the default) picks the rows of one live-policy generate call from the device: on a
+    GPU all of a process's episodes of a step (prompts split over the processes, rounded up), on the CPU 32; a value
+    set is kept; a negative one is refused."""
+    config = RLConfig(model="m", output_dir="o", prompts_per_step=16, group_size=7)
+    assert config.rows_per_generate("cuda") == 112 and config.rows_per_generate("cuda", world=3) == 6 * 7
+    assert config.rows_per_generate("cpu") == 32
+    assert dataclasses.replace(config, rollout_batch=48).rows_per_generate("cuda") == 48
+    with pytest.raises(ValueError, match="rollout_batch"):
+        dataclasses.replace(config, rollout_batch=-1).validate()

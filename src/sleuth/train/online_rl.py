@@ -288,16 +288,26 @@ class RLConfig(TrainConfig):
     rollout_adapter_dir: str = ""
     save_steps: int = 10
     concurrency: int = 64  # episodes in flight at once
-    # rows per transformers ``generate`` call of the live-policy rollouts (no rollout_server): on a GPU a decoding
-    # step costs about the same for 32 rows as for a step's whole batch of episodes, so a GPU run raises it to
-    # prompts_per_step x group_size (and concurrency with it); on the CPU 32 rows already fill the cores
-    rollout_batch: int = 32
+    # rows per transformers ``generate`` call of the live-policy rollouts (no rollout_server); 0: automatic
+    # (rows_per_generate): on a GPU a decoding step costs about the same for 32 rows as for a step's whole batch of
+    # episodes (0.101 s at 32 rows on an H100, docs/results/gpu_check_generate.md), so there it is the process's
+    # prompts x group_size, on the CPU 32 (32 rows already fill the cores). Episodes in flight are raised to match.
+    rollout_batch: int = 0
     progress: bool = True
     # a step whose failed episodes (a rollout that raised, a reward that could not be computed) exceed this share of
     # its episodes stops the run before the update, naming the errors: failures are a bug or a dead endpoint, not
     # model behaviour (parsers are lenient), and training on the episodes that survived biases the step (the run
     # resumes from its last checkpoint once fixed). 1.0: never stop
     max_failed_fraction: float = 0.25
+
+    def rows_per_generate(self, device_type: str, world: int = 1) -> int:
+        """The rows of one live-policy ``generate`` call: ``rollout_batch`` when set, else on a GPU (``cuda``) all
+        the episodes of a step on one of ``world`` processes, on the CPU 32."""
+        if self.rollout_batch:
+            return self.rollout_batch
+        if device_type == "cuda":
+            return -(-self.prompts_per_step // world) * self.group_size
+        return 32
 
     def correction(self) -> str:
         """The sampler correction in force: ``auto`` is ``tis`` with a rollout server, else ``none``."""
@@ -326,6 +336,8 @@ class RLConfig(TrainConfig):
             )
         if self.value_head_init not in ("normal", "zeros"):
             raise ValueError(f"value_head_init={self.value_head_init!r}; expected 'normal' or 'zeros'")
+        if self.rollout_batch < 0:
+            raise ValueError("rollout_batch must be >= 0 (0: automatic)")
         if not 0.0 <= self.max_failed_fraction <= 1.0:
             raise ValueError("max_failed_fraction must be in [0, 1]")
         if self.weight_decay < 0:
@@ -1349,9 +1361,10 @@ def train_online(config: RLConfig, task: Task, examples: list[Example], log_name
         sharded=config.sharding == "fsdp" and (dist.world > 1 or torch.distributed.is_initialized()),
         replicated=dist.world > 1,
     )
-    llm = HFLLM.from_model(
-        models.policy, models.tokenizer, max_batch=config.rollout_batch, autocast=models.compute_dtype
-    )
+    rows = config.rows_per_generate(dist.device().type, dist.world)
+    # episodes in flight: at least a generate call's rows, or the batch never fills
+    config = dataclasses.replace(config, rollout_batch=rows, concurrency=max(config.concurrency, rows))
+    llm = HFLLM.from_model(models.policy, models.tokenizer, max_batch=rows, autocast=models.compute_dtype)
     served = None
     if config.rollout_server:
         from sleuth.train.served_policy import ServedPolicy
