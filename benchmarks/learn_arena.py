@@ -64,9 +64,12 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
     base_model,
+    command_line,
+    compare,
     continue_online_rl,
     declare,
     difference_table,
+    machine,
     online_rl_result,
     parse_sized,
     plot,
@@ -103,7 +106,6 @@ FULL = {
     "steps": 30,
     "prompts": 16,
     "group": 7,
-    "rollout_batch": 112,
 }
 
 
@@ -141,7 +143,13 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             **({"test_start": args.test_start} if args.test_start else {}),
         },
         "agent": {"max_new_tokens": sizes["tokens"], "max_references": args.max_references},
-        "warmup": {"questions": sizes["warmup"], "lr": args.warmup_lr, "after": sizes["train"]},
+        "warmup": {
+            "questions": sizes["warmup"],
+            "lr": args.warmup_lr,
+            "after": sizes["train"],
+            # keyed only when set, so the warm starts before the option keep their keys
+            **({"shuffles": args.warmup_shuffles} if args.warmup_shuffles > 1 else {}),
+        },
         "grpo": {
             "train_per_file": sizes["train"],
             "steps": sizes["steps"],
@@ -314,6 +322,149 @@ def citation_table(steps: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def preference_lists(gold: list[int], shown: int, lists: int, rng: Any) -> list[list[int]]:
+    """Up to ``lists`` distinct random relevance lists of ``len(gold)`` of the ``shown`` references (sorted, as
+    :func:`warmup_target` writes them), never the gold list; ``[]`` when there is no other list."""
+    from itertools import combinations
+    from math import comb
+
+    others = comb(shown, len(gold)) - 1
+    if others <= 0:
+        return []
+    if others <= 4 * lists:  # few: draw from all of them
+        pool = [list(c) for c in combinations(range(1, shown + 1), len(gold)) if list(c) != gold]
+        return rng.sample(pool, min(lists, len(pool)))
+    picked: list[list[int]] = []
+    while len(picked) < lists:
+        pick = sorted(rng.sample(range(1, shown + 1), len(gold)))
+        if pick != gold and pick not in picked:
+            picked.append(pick)
+    return picked
+
+
+def relevance_block(numbers: list[int]) -> str:
+    return f"<relevance>\n{numbers}\n</relevance>"
+
+
+def citation_preference(
+    model: Path, examples: list[Any], agent: Any, options: str, lists: int = 4, seed: int = 0, llm: Any = None
+) -> dict[str, Any]:
+    """Does the model prefer the gold ``<relevance>`` block to random ones? Teacher-forced, nothing sampled: for
+    each question whose shown references include a supporting one, the log-probability the model gives, after
+    ARENA's prompt, to :func:`relevance_block` of the gold reference numbers and of up to ``lists`` random lists of
+    as many shown references (:func:`preference_lists`). Per question ``preference``: the share of the random lists
+    the gold block beats (ties half; chance 0.5), ``first``: 1 when it beats them all (chance ``first_chance``,
+    1 / (lists + 1)). A reader that reads the references prefers the gold block; one that cites at chance (the
+    sampled-citation table of a GRPO run) does not, and this says so from one forward pass per question, without a
+    GRPO step. Questions left out are counted in ``skipped`` by reason. ``llm``: score with this LLM instead of
+    loading ``model`` on the hf engine with ``options``."""
+    import asyncio
+    import random
+
+    from sleuth.agents.arena import arena_prompt
+    from sleuth.llm import load_llm
+    from sleuth.train.common import close_llm
+
+    jobs: list[tuple[list[dict[str, str]], list[list[int]]]] = []
+    skipped = {"no supporting reference shown": 0, "no other list of as many references": 0}
+    for example in examples:
+        references = list(example.context)[: agent.max_references]
+        support = set(example.supporting_ids)
+        gold = [i for i, p in enumerate(references, 1) if p.id in support]
+        if not gold:
+            skipped["no supporting reference shown"] += 1
+            continue
+        others = preference_lists(gold, len(references), lists, random.Random(f"{seed}:{example.id}"))
+        if not others:
+            skipped["no other list of as many references"] += 1
+            continue
+        messages = [{"role": "user", "content": arena_prompt(example.question, references, agent.prompt)}]
+        jobs.append((messages, [gold, *others]))
+
+    scorer = llm or load_llm(f"hf:{model}?{options}")
+
+    async def score_all() -> list[list[Any]]:
+        rows = [asyncio.gather(*(scorer.score(m, relevance_block(c)) for c in lists_)) for m, lists_ in jobs]
+        return list(await asyncio.gather(*rows))
+
+    try:
+        scored = asyncio.run(score_all())
+    finally:
+        if llm is None:
+            close_llm(scorer)
+    per: dict[str, list[float]] = {"preference": [], "first": [], "first_chance": []}
+    for scores in scored:
+        gold_lp, others_lp = scores[0].logprob, [s.logprob for s in scores[1:]]
+        beaten = sum(o < gold_lp for o in others_lp) + 0.5 * sum(o == gold_lp for o in others_lp)
+        per["preference"].append(beaten / len(others_lp))
+        per["first"].append(float(all(o < gold_lp for o in others_lp)))
+        per["first_chance"].append(1 / (len(others_lp) + 1))
+    return {"per_example": per, "model": str(model), "lists": lists, "skipped": skipped}
+
+
+def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0) -> list[str]:
+    """Markdown rows of :func:`citation_preference` by split and stage, each with its one-sided exact test against
+    chance (sign-flip permutation, :func:`harness.compare`)."""
+    lines = [
+        "| split | stage | questions | gold block preferred to a random one | p (> 0.5) | gold block first | chance | "
+        "p (> chance) |",
+        "|---" * 8 + "|",
+    ]
+    for split, stages in probes.items():
+        for stage, probe in stages.items():
+            per = probe["per_example"]
+            n = len(per["preference"])
+            if not n:
+                lines.append(f"| {split} | {stage} | 0 | – | – | – | – | – |")
+                continue
+            vs_half = compare([0.5] * n, per["preference"], seed)
+            vs_first = compare(per["first_chance"], per["first"], seed)
+            lines.append(
+                f"| {split} | {stage} | {n} | {sum(per['preference']) / n:.3f} | {vs_half['p_exact']:.3g} | "
+                f"{sum(per['first']) / n:.3f} | {sum(per['first_chance']) / n:.3f} | {vs_first['p_exact']:.3g} |"
+            )
+    return lines
+
+
+PREFERENCE_LISTS = 4  # random relevance lists each gold one is compared with
+PROBE_OPTIONS = "threads=2&max_batch=8"  # the hf engine scores (one pass over a prompt for its five blocks)
+PREFERENCE_TEXT = (
+    "Does each model prefer the gold `<relevance>` block to random ones (`citation_preference`)? Per question with "
+    "a supporting reference shown: the log-probability of the gold reference numbers' block after ARENA's prompt "
+    f"against {PREFERENCE_LISTS} random lists of as many shown references; the share it beats (chance 0.5) and how "
+    "often it beats them all; p: one-sided exact sign-flip tests over the questions."
+)
+
+
+def write_probe(exp: Any, probes: dict[str, dict[str, dict[str, Any]]], settings: dict[str, Any], seed: int) -> None:
+    """``--probe-only``'s report: ``probe.md`` and ``probe.json`` in the results directory."""
+    from sleuth.retrieval.building import write_atomic
+
+    lines = [
+        "# ARENA: teacher-forced citation preference",
+        "",
+        f"`{command_line()}` on {machine()}.",
+        "",
+        PREFERENCE_TEXT,
+        "",
+        *preference_table(probes, seed),
+        "",
+        *[
+            f"- {split} {stage}: skipped {probe['skipped']}, model `{short(probe['model'])}`"
+            for split, stages in probes.items()
+            for stage, probe in stages.items()
+        ],
+        "",
+        exp.seconds_line(),
+        "",
+        *settings_block(settings),
+    ]
+    write_atomic(exp.results / "probe.md", ("\n".join(lines) + "\n").encode())
+    record = {"settings": settings, "citation_preference": probes}
+    write_atomic(exp.results / "probe.json", (json.dumps(record, indent=1, default=str) + "\n").encode())
+    print("\n".join(preference_table(probes, seed)), flush=True)
+
+
 def warmup_target(example: Any, references: list[Any]) -> str:
     """ARENA's SFT target layout (arena.md §3.5) with a templated analysis citing each gold reference."""
     import re
@@ -329,9 +480,24 @@ def warmup_target(example: Any, references: list[Any]) -> str:
     return f"<relevance>\n{gold}\n</relevance>\n\n<analysis>\n{analysis}\n</analysis>\n\n<answer>\n{answer}\n</answer>"
 
 
-def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: Any, out: Path, lr: float) -> Path:
+def format_warmup(
+    base: Path,
+    files: list[str],
+    skip: int,
+    count: int,
+    agent: Any,
+    out: Path,
+    lr: float,
+    shuffles: int = 1,
+    seed: int = 0,
+) -> Path:
     """Fine-tune ``base`` on ``count`` train questions (after the first ``skip`` of each file) with ARENA's prompt
-    and the :func:`warmup_target` completion; returns the merged model, ``out/model`` (resumes a killed run)."""
+    and the :func:`warmup_target` completion; returns the merged model, ``out/model`` (resumes a killed run).
+    ``shuffles`` > 1: each question is shown that many times, in its given order and then in ``shuffles - 1``
+    random orders of its references (the gold numbers move with them), so a gold list is tied to the references'
+    words, not to their places, and the warm start sees more relevance lists per question."""
+    import random
+
     from sleuth.agents.arena import arena_prompt
     from sleuth.data import load_examples
     from sleuth.train.sft import SFTConfig, SFTSource, train_sft
@@ -352,12 +518,19 @@ def format_warmup(base: Path, files: list[str], skip: int, count: int, agent: An
         pool = pools[i % len(pools)]
         if i // len(pools) < len(pool):
             example, references = pool[i // len(pools)]
-            prompt = arena_prompt(example.question, references, agent.prompt)
-            messages = [
-                {"role": "user", "content": prompt},
-                {"role": "assistant", "content": warmup_target(example, references)},
-            ]
-            records.append({"messages": messages})
+            orders = [references]
+            rng = random.Random(f"{seed}:{example.id}")
+            for _ in range(shuffles - 1):
+                order = list(references)
+                rng.shuffle(order)
+                orders.append(order)
+            for shown in orders:
+                prompt = arena_prompt(example.question, shown, agent.prompt)
+                messages = [
+                    {"role": "user", "content": prompt},
+                    {"role": "assistant", "content": warmup_target(example, shown)},
+                ]
+                records.append({"messages": messages})
     out.mkdir(parents=True, exist_ok=True)
     data = out / "records.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -414,12 +587,25 @@ def main() -> None:
     )
     parser.add_argument("--format-warmup", type=int, default=32, help="warm-start questions (0: none, as the paper)")
     parser.add_argument("--warmup-lr", type=float, default=1e-4, help="full fine-tuning rate of the warm start")
+    parser.add_argument(
+        "--warmup-shuffles",
+        type=int,
+        default=1,
+        help="each warm-start question in its given order and in N-1 random orders of its references",
+    )
+    parser.add_argument(
+        "--probe-only",
+        action="store_true",
+        help="no evaluation and no GRPO: the teacher-forced citation preference (citation_preference) of the base "
+        "(unless --skip-base) and warm-start models on the splits, in the results directory's probe.md/probe.json",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument(
         "--rollout-batch",
         type=int,
-        default=32,
-        help="rows per generate call of the hf rollouts (a GPU: a step's prompts x G); how, not what: not keyed",
+        default=0,
+        help="rows per generate call of the hf rollouts (0: automatic, a GPU: a step's prompts x G, the CPU: 32); "
+        "how, not what: not keyed",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -473,10 +659,22 @@ def main() -> None:
             return
     base = base_model(args.smoke, exp.work)
 
+    probes: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in slices}
+
     def measure(stage: str, model: Path) -> None:
         for split, examples in splits.items():
             start, count = slices[split]
             key = {"model": str(model), "files": DEV, "start": start, "per_file": count, "agent": agent_key}
+            probes[split][stage] = exp.evaluate(
+                stage,
+                f"{split}-preference",
+                {**key, "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed}},
+                lambda examples=examples: citation_preference(
+                    model, examples, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed
+                ),
+            )
+            if args.probe_only:
+                continue
             evaluations[split][stage] = exp.evaluate(
                 stage,
                 split,
@@ -494,13 +692,19 @@ def main() -> None:
 
         def warm_start() -> dict[str, Any]:
             out = exp.stage_dir("warmup", warm_key)
-            model = format_warmup(base, train_files, w["after"], w["questions"], agent, out, w["lr"])
+            shuffles = w.get("shuffles", 1)
+            model = format_warmup(
+                base, train_files, w["after"], w["questions"], agent, out, w["lr"], shuffles, args.seed
+            )
             records = len((out / "records.jsonl").read_text().splitlines())
-            return {"model": str(model), "records": records}
+            return {"model": str(model), "records": records, "questions": records // shuffles}
 
         warm = exp.stage("warmup", warm_key, warm_start)
         start = Path(warm["model"])
         measure("warm start", start)
+    if args.probe_only:
+        write_probe(exp, probes, trial_settings, args.seed)
+        return
 
     grpo_key = {"model": str(start), "files": TRAIN, "grpo": s["grpo"], "agent": agent_key, "seed": args.seed}
 
@@ -524,8 +728,7 @@ def main() -> None:
             seed=args.seed,
             agent=agent,
             accuracy=g.get("accuracy", "em"),
-            rollout_batch=args.rollout_batch,
-            concurrency=max(64, args.rollout_batch),
+            rollout_batch=args.rollout_batch,  # 0: RLConfig.rows_per_generate (episodes in flight follow)
         )
         if args.rollouts == "vllm":  # the adapter trains on top of `start`, so the server serves `start`
             config.rollout_server = f"vllm:{start}?enable_lora=1&max_lora_rank={config.lora_r}"
@@ -574,7 +777,8 @@ def main() -> None:
             else ""
         )
         + f"{len(log)} GRPO steps x {g['prompts']} questions x G={g['group']} ({step_seconds:.0f} s of steps); format "
-        f"warm start on {warm['records'] if warm else 0} questions. Engine {args.engine}, rollouts {args.rollouts}. "
+        f"warm start on {warm.get('questions', warm['records']) if warm else 0} questions. "
+        f"Engine {args.engine}, rollouts {args.rollouts}. "
         "Means with 95% bootstrap CIs over questions (1000 resamples). Settings are compared on dev (F1) only."
         + (
             f" The first steps were trained by the run {short(grpo['continued_from'])} and continued here "
@@ -603,6 +807,12 @@ def main() -> None:
         "",
         *citation_table(steps),
         "",
+        "## Citation preference (teacher-forced)",
+        "",
+        PREFERENCE_TEXT,
+        "",
+        *preference_table(probes, args.seed),
+        "",
     ]
     if "dev" in evaluations:
         lines += ["## Dev", "", *stage_table(evaluations["dev"], METRICS), ""]
@@ -620,6 +830,7 @@ def main() -> None:
             "warmup": warm,
             "training": grpo,
             "steps": steps,
+            "citation_preference": probes,
             "trials": trials,
             **({"declaration": declared} if declared else {}),
         },

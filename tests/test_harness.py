@@ -149,6 +149,61 @@ def test_arena_citation_chance_matches_random_citations_and_reads_a_perfect_read
     assert perfect["episodes"] == 2 and perfect["recall"] == perfect["precision"] == perfect["relevance"] == 1.0
 
 
+def test_arena_preference_lists_are_distinct_random_lists_of_as_many_references_never_the_gold_one() -> None:
+    import random
+
+    from learn_arena import preference_lists
+
+    rng = random.Random(0)
+    for shown, gold in [(6, [2, 5]), (10, [1, 4]), (6, [3]), (2, [1]), (4, [1, 2, 3])]:
+        picked = preference_lists(gold, shown, 4, rng)
+        assert picked and all(p != gold and len(p) == len(gold) and p == sorted(p) for p in picked)
+        assert all(1 <= i <= shown for p in picked for i in p) and len({tuple(p) for p in picked}) == len(picked)
+    assert len(preference_lists([1], 2, 4, rng)) == 1  # the one other list
+    assert preference_lists([1, 2], 2, 4, rng) == []  # every reference is gold: no other list
+
+
+def test_arena_citation_preference_counts_the_random_lists_the_gold_block_beats() -> None:
+    """citation_preference's accounting with a scripted scorer (the real hf path runs in the learn_arena smoke
+    test): a scorer that prefers the block citing [1] gives preference 1 and first 1 where the gold list is [1];
+    elsewhere the gold block loses to [1] and ties count half; a question with no supporting reference shown is
+    skipped and counted."""
+    import asyncio
+
+    from learn_arena import citation_preference, preference_table
+
+    from sleuth.agents.arena import ArenaConfig
+    from sleuth.llm import Score
+    from sleuth.records import Example, Passage
+
+    class Scorer:
+        def __init__(self, tie: bool = False) -> None:
+            self.tie = tie
+
+        async def score(self, prompt: object, completion: str) -> Score:
+            await asyncio.sleep(0)
+            best = "\n[1]\n" in completion or self.tie
+            return Score(logprob=-1.0 if best else -5.0, token_logprobs=[], tokens=[])
+
+    refs = [Passage(id=f"p{i}", title=f"T{i}", text=f"text {i}") for i in range(1, 5)]
+    examples = [
+        Example(id="a", question="q?", answers=["x"], context=refs, supporting_ids=["p1"]),
+        Example(id="b", question="q?", answers=["x"], context=refs, supporting_ids=["p3"]),
+        Example(id="c", question="q?", answers=["x"], context=refs, supporting_ids=["p9"]),
+    ]
+    agent = ArenaConfig(max_references=4)
+    probe = citation_preference(Path("unused"), examples, agent, "", lists=3, llm=Scorer())
+    # b: gold [3] against [1], [2], [4] (all three others of one reference): loses to [1], ties [2] and [4]
+    assert probe["per_example"]["preference"] == [1.0, pytest.approx(1 / 3)]
+    assert probe["per_example"]["first"] == [1.0, 0.0]
+    assert probe["per_example"]["first_chance"] == [0.25, 0.25]
+    assert probe["skipped"]["no supporting reference shown"] == 1
+    tied = citation_preference(Path("unused"), examples, agent, "", lists=3, llm=Scorer(tie=True))
+    assert tied["per_example"]["preference"] == [0.5, 0.5] and tied["per_example"]["first"] == [0.0, 0.0]
+    table = "\n".join(preference_table({"test": {"warm start": probe}}))
+    assert "| test | warm start | 2 | 0.667 |" in table
+
+
 def test_arena_overlap_order_ranks_references_by_the_question_words_they_share() -> None:
     from learn_arena import overlap_order
 
@@ -1080,6 +1135,9 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     assert written["evaluations"]["test"]["GRPO"]["key"]["start"] == 3
     assert written["declaration"]["declared_at"] == declared["declared_at"]
     assert [c["n"] for c in written["claims"]] == [6, 6, 6]  # 2 questions of each of the three dev files
+    preference = written["citation_preference"]["test"]  # the teacher-forced probe of each stage, on the real model
+    assert set(preference) == {"warm start", "GRPO"} and preference["GRPO"]["per_example"]["preference"]
+    assert "## Citation preference (teacher-forced)" in (results / "results.md").read_text()
     assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
     refused = run("--seed", "1")
     assert refused.returncode != 0 and "declares another test" in refused.stderr
