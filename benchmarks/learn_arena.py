@@ -25,7 +25,16 @@ the model is fine-tuned for a few steps on ``--format-warmup`` train questions (
 whose target is ARENA's SFT-reasoning layout (arena.md §3.5: gold relevance ids, an analysis, a gold answer), the
 analysis templated as "Reference [i] states that <its first sentence>." because no model writes it here (the
 paper has the backbone write it). Evaluated as its own stage, so "GRPO - warm start" is what GRPO added.
-``--format-warmup 0`` runs GRPO from the base model, as the paper does.
+``--format-warmup 0`` runs GRPO from the base model, as the paper does. ``--warmup-shuffles N`` shows each warm-start
+question in its given order and N - 1 random orders of its references (the gold numbers move with them).
+
+Does a reader read? Citation recall rises only if the model's citations beat chance, and a reader citing at chance
+gives GRPO's relevance term luck to reinforce. Two checks, in every report: the sampled citations of each GRPO step
+against as many references drawn at random (:func:`citation_chance`), and, without sampling, the teacher-forced
+preference of each stage for the gold ``<relevance>`` block over random lists of as many shown references
+(:func:`citation_preference`: one forward pass a question, exact tests against chance). ``--probe-only`` runs the
+second on the base and warm-start models alone (no evaluation, no GRPO: minutes, not hours), so a warm start can be
+checked before GRPO is spent on it.
 
 Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resumes; each GRPO setting (``--steps``,
 ``--prompts``, ``--group``, ``--lr``, ``--accuracy``) trains into its own directory next to the others (a setting that
@@ -36,6 +45,7 @@ after GRPO's) is an error naming the files to remove (results of two settings ar
 
     python benchmarks/learn_arena.py            # 4 steps: about 2 hours on 2 CPU cores from the base model (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
+    python benchmarks/learn_arena.py --probe-only --results docs/results/learn_arena/probe   # does it read?
     python benchmarks/learn_arena.py --full     # sized for a GPU (FULL below; runs/learn-arena-full, results/full)
 
 Engines. ``--engine`` runs the evaluations on ``hf`` or on a vLLM server sleuth starts on each model (``vllm``, or a
