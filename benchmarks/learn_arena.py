@@ -447,7 +447,8 @@ PREFERENCE_TEXT = (
 
 
 def write_probe(exp: Any, probes: dict[str, dict[str, dict[str, Any]]], settings: dict[str, Any], seed: int) -> None:
-    """``--probe-only``'s report: ``probe.md`` and ``probe.json`` in the results directory."""
+    """``--probe-only``'s report: ``results.md`` and ``results.json`` (``probe_only``: true) in the results directory,
+    where later runs find its evaluations by key like any committed ones."""
     from sleuth.retrieval.building import write_atomic
 
     lines = [
@@ -469,9 +470,9 @@ def write_probe(exp: Any, probes: dict[str, dict[str, dict[str, Any]]], settings
         "",
         *settings_block(settings),
     ]
-    write_atomic(exp.results / "probe.md", ("\n".join(lines) + "\n").encode())
-    record = {"settings": settings, "citation_preference": probes}
-    write_atomic(exp.results / "probe.json", (json.dumps(record, indent=1, default=str) + "\n").encode())
+    write_atomic(exp.results / "results.md", ("\n".join(lines) + "\n").encode())
+    record = {"probe_only": True, "settings": settings, "citation_preference": probes}
+    write_atomic(exp.results / "results.json", (json.dumps(record, indent=1, default=str) + "\n").encode())
     print("\n".join(preference_table(probes, seed)), flush=True)
 
 
@@ -607,7 +608,7 @@ def main() -> None:
         "--probe-only",
         action="store_true",
         help="no evaluation and no GRPO: the teacher-forced citation preference (citation_preference) of the base "
-        "(unless --skip-base) and warm-start models on the splits, in the results directory's probe.md/probe.json",
+        "(unless --skip-base) and warm-start models on the splits, the results directory's results.md/.json",
     )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument(
@@ -667,6 +668,9 @@ def main() -> None:
         print(f"declared ({declared['declared_at']}): {[c['name'] for c in CLAIMS]}", flush=True)
         if args.declare_only:
             return
+    written = exp.results / "results.json"
+    if args.probe_only and written.exists() and not json.loads(written.read_text()).get("probe_only"):
+        raise SystemExit(f"--probe-only would overwrite {written}, a full run's report: pass --results DIR")
     base = base_model(args.smoke, exp.work)
 
     probes: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in slices}

@@ -1138,6 +1138,16 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     preference = written["citation_preference"]["test"]  # the teacher-forced probe of each stage, on the real model
     assert set(preference) == {"warm start", "GRPO"} and preference["GRPO"]["per_example"]["preference"]
     assert "## Citation preference (teacher-forced)" in (results / "results.md").read_text()
+    refused = run("--probe-only")  # would overwrite the full run's report
+    assert refused.returncode != 0 and "would overwrite" in refused.stderr
+    args = [sys.executable, str(script), "--smoke", "--work", str(tmp_path / "work"), "--probe-only"]
+    args += ["--results", str(tmp_path / "probe"), "--test-start", "3", "--dev-questions", "0", "--skip-base"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    probed = json.loads((tmp_path / "probe" / "results.json").read_text())
+    assert probed["probe_only"] and set(probed["citation_preference"]["test"]) == {"warm start"}
+    read_back = probed["citation_preference"]["test"]["warm start"]  # the full run's probe, found by its key
+    assert read_back["per_example"] == preference["warm start"]["per_example"]
     assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
     refused = run("--seed", "1")
     assert refused.returncode != 0 and "declares another test" in refused.stderr
