@@ -437,7 +437,9 @@ def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0
 
 
 PREFERENCE_LISTS = 4  # random relevance lists each gold one is compared with
-PROBE_OPTIONS = "threads=2&max_batch=8"  # the hf engine scores (one pass over a prompt for its five blocks)
+# the hf engine scores; a batch of 8 prompts' 5 blocks each, so a prompt's blocks share one pass over it (8 rows of
+# mixed prompts took 5x the passes)
+PROBE_OPTIONS = f"threads=2&max_batch={8 * (PREFERENCE_LISTS + 1)}"
 PREFERENCE_TEXT = (
     "Does each model prefer the gold `<relevance>` block to random ones (`citation_preference`)? Per question with "
     "a supporting reference shown: the log-probability of the gold reference numbers' block after ARENA's prompt "
