@@ -137,6 +137,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         sizes = {"test": args.test_questions, "dev": args.dev_questions, "train": args.train_questions}
         sizes.update(steps=args.steps, prompts=args.prompts, group=args.group, tokens=160)
         sizes["warmup"] = args.format_warmup
+    if args.warmup_shuffles < 1:
+        raise SystemExit("--warmup-shuffles is a count of orders: at least 1 (the given order)")
     if args.test_start < 0 or min(sizes["test"], sizes["dev"]) < 0:
         raise SystemExit("--test-start, --test-questions and --dev-questions are counts: not negative")
     if args.test_start + sizes["test"] > DEV_OFFSET or sizes["dev"] > 200 - DEV_OFFSET:
@@ -437,8 +439,8 @@ def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0
 
 
 PREFERENCE_LISTS = 4  # random relevance lists each gold one is compared with
-# the hf engine scores; a batch of 8 prompts' 5 blocks each, so a prompt's blocks share one pass over it (8 rows of
-# mixed prompts took 5x the passes)
+# the hf engine scores; a batch holds 8 prompts' 5 blocks each, so a prompt's blocks share one pass over it (batches
+# of 8 rows split them: 3.5 min a probe of 82 questions here, against more than 5 before)
 PROBE_OPTIONS = f"threads=2&max_batch={8 * (PREFERENCE_LISTS + 1)}"
 PREFERENCE_TEXT = (
     "Does each model prefer the gold `<relevance>` block to random ones (`citation_preference`)? Per question with "
@@ -493,31 +495,19 @@ def warmup_target(example: Any, references: list[Any]) -> str:
     return f"<relevance>\n{gold}\n</relevance>\n\n<analysis>\n{analysis}\n</analysis>\n\n<answer>\n{answer}\n</answer>"
 
 
-def format_warmup(
-    base: Path,
-    files: list[str],
-    skip: int,
-    count: int,
-    agent: Any,
-    out: Path,
-    lr: float,
-    shuffles: int = 1,
-    seed: int = 0,
-) -> Path:
-    """Fine-tune ``base`` on ``count`` train questions (after the first ``skip`` of each file) with ARENA's prompt
-    and the :func:`warmup_target` completion; returns the merged model, ``out/model`` (resumes a killed run).
-    ``shuffles`` > 1: each question is shown that many times, in its given order and then in ``shuffles - 1``
-    random orders of its references (the gold numbers move with them), so a gold list is tied to the references'
-    words, not to their places, and the warm start sees more relevance lists per question."""
+def warmup_records(
+    files: list[str], skip: int, count: int, agent: Any, shuffles: int = 1, seed: int = 0
+) -> list[dict[str, Any]]:
+    """The warm start's chat records: ``count`` train questions (round-robin over ``files``, after the first ``skip``
+    of each, which GRPO trains on) with a supporting reference among the first ``agent.max_references`` shown, ARENA's
+    prompt and the :func:`warmup_target` completion. ``shuffles`` > 1: each question that many times, in its given
+    order and then in ``shuffles - 1`` random orders of its references (the gold numbers move with them), so a gold
+    list goes with the references' words, not their places, and the warm start sees more relevance lists."""
     import random
 
     from sleuth.agents.arena import arena_prompt
     from sleuth.data import load_examples
-    from sleuth.train.sft import SFTConfig, SFTSource, train_sft
 
-    model = out / "model"
-    if (model / "config.json").exists():
-        return model
     pools = []  # per file, the usable questions after the first ``skip`` (which the GRPO run trains on)
     for f in files:
         usable = []
@@ -544,6 +534,28 @@ def format_warmup(
                     {"role": "assistant", "content": warmup_target(example, shown)},
                 ]
                 records.append({"messages": messages})
+    return records
+
+
+def format_warmup(
+    base: Path,
+    files: list[str],
+    skip: int,
+    count: int,
+    agent: Any,
+    out: Path,
+    lr: float,
+    shuffles: int = 1,
+    seed: int = 0,
+) -> Path:
+    """Fine-tune ``base`` on :func:`warmup_records` (``count`` train questions after the first ``skip`` of each file,
+    ``shuffles`` orders each); returns the merged model, ``out/model`` (resumes a killed run)."""
+    from sleuth.train.sft import SFTConfig, SFTSource, train_sft
+
+    model = out / "model"
+    if (model / "config.json").exists():
+        return model
+    records = warmup_records(files, skip, count, agent, shuffles, seed)
     out.mkdir(parents=True, exist_ok=True)
     data = out / "records.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -204,6 +204,34 @@ def test_arena_citation_preference_counts_the_random_lists_the_gold_block_beats(
     assert "| test | warm start | 2 | 0.667 |" in table
 
 
+def test_arena_warmup_records_with_shuffles_move_the_gold_numbers_with_their_references() -> None:
+    """learn_arena.warmup_records on the real train files: shuffles=3 gives each question three orders of the same
+    references, the first the given one (the records of shuffles=1), and every target's relevance list names the
+    positions of the supporting references in its own order."""
+    import re
+
+    from learn_arena import DATA, TRAIN, warmup_records
+
+    from sleuth.agents.arena import ArenaConfig
+
+    files = [str(DATA / f) for f in TRAIN]  # ../shared/data, beside every checkout (the smoke tests read it too)
+    agent = ArenaConfig(max_references=6)
+    plain = warmup_records(files, 60, 4, agent)
+    shuffled = warmup_records(files, 60, 4, agent, shuffles=3)
+    assert len(plain) == 4 and len(shuffled) == 12 and shuffled[::3] == plain
+
+    def cited_texts(record: dict[str, Any]) -> set[str]:
+        prompt, target = record["messages"][0]["content"], record["messages"][1]["content"]
+        numbered = dict(re.findall(r"(?m)^(\d+)\. (.*)$", prompt))  # format_references: "i. text" lines
+        cited = json.loads(re.search(r"<relevance>\n(.*?)\n</relevance>", target).group(1))
+        return {numbered[str(i)] for i in cited}
+
+    for q in range(4):  # one question's three orders cite the same references by their new numbers
+        orders = shuffled[3 * q : 3 * q + 3]
+        assert cited_texts(orders[0]) and cited_texts(orders[0]) == cited_texts(orders[1]) == cited_texts(orders[2])
+    assert len({r["messages"][0]["content"] for r in shuffled}) > 4  # the orders differ
+
+
 def test_arena_overlap_order_ranks_references_by_the_question_words_they_share() -> None:
     from learn_arena import overlap_order
 
