@@ -74,12 +74,10 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
     REPO,
     Experiment,
     base_model,
-    command_line,
     compare,
     continue_online_rl,
     declare,
     difference_table,
-    machine,
     online_rl_result,
     parse_sized,
     plot,
@@ -453,31 +451,16 @@ PREFERENCE_TEXT = (
 def write_probe(exp: Any, probes: dict[str, dict[str, dict[str, Any]]], settings: dict[str, Any], seed: int) -> None:
     """``--probe-only``'s report: ``results.md`` and ``results.json`` (``probe_only``: true) in the results directory,
     where later runs find its evaluations by key like any committed ones."""
-    from sleuth.retrieval.building import write_atomic
-
-    lines = [
-        "# ARENA: teacher-forced citation preference",
-        "",
-        f"`{command_line()}` on {machine()}.",
-        "",
-        PREFERENCE_TEXT,
-        "",
-        *preference_table(probes, seed),
-        "",
-        *[
-            f"- {split} {stage}: skipped {probe['skipped']}, model `{short(probe['model'])}`"
-            for split, stages in probes.items()
-            for stage, probe in stages.items()
-        ],
-        "",
-        exp.seconds_line(),
-        "",
-        *settings_block(settings),
+    table = preference_table(probes, seed)
+    skipped = [
+        f"- {split} {stage}: skipped {probe['skipped']}, model `{short(probe['model'])}`"
+        for split, stages in probes.items()
+        for stage, probe in stages.items()
     ]
-    write_atomic(exp.results / "results.md", ("\n".join(lines) + "\n").encode())
-    record = {"probe_only": True, "settings": settings, "citation_preference": probes}
-    write_atomic(exp.results / "results.json", (json.dumps(record, indent=1, default=str) + "\n").encode())
-    print("\n".join(preference_table(probes, seed)), flush=True)
+    lines = exp.header("ARENA: teacher-forced citation preference", PREFERENCE_TEXT)
+    lines += [*table, "", *skipped, "", exp.seconds_line(), "", *settings_block(settings)]
+    exp.write({"probe_only": True, "settings": settings, "citation_preference": probes}, "\n".join(lines) + "\n")
+    print("\n".join(table), flush=True)
 
 
 def warmup_target(example: Any, references: list[Any]) -> str:
@@ -663,7 +646,8 @@ def main() -> None:
 
     s = settings(args)
     work, results = run_dirs("learn_arena", args, RESULTS)
-    exp = Experiment("learn_arena", work, results, args.seed, claims=CLAIMS)
+    # --probe-only evaluates no stage a claim compares: its report carries no claims table
+    exp = Experiment("learn_arena", work, results, args.seed, claims=[] if args.probe_only else CLAIMS)
     agent = ArenaConfig(
         sampling=Sampling(max_new_tokens=s["agent"]["max_new_tokens"]), max_references=s["agent"]["max_references"]
     )
