@@ -437,8 +437,8 @@ def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0
 
 
 PREFERENCE_LISTS = 4  # random relevance lists each gold one is compared with
-# the hf engine scores; a batch holds 8 prompts' 5 blocks each, so a prompt's blocks share one pass over it (batches
-# of 8 rows split them: 3.5 min a probe of 82 questions here, against more than 5 before)
+# the hf engine scores; a batch holds 8 prompts' 5 blocks each, so a prompt's blocks share one pass over it
+# (HFLLM._score_shared); batches of 8 rows would split a prompt's blocks over two passes
 PROBE_OPTIONS = f"threads=2&max_batch={8 * (PREFERENCE_LISTS + 1)}"
 PREFERENCE_TEXT = (
     "Does each model prefer the gold `<relevance>` block to random ones (`citation_preference`)? Per question with "
