@@ -305,14 +305,20 @@ STOPWORDS = frozenset(_FUNCTION_WORDS.split())
 def overlap_order(question: str, texts: list[str]) -> list[int]:
     """1-based reference numbers ordered by how many distinct content words of ``question`` each text contains
     (lower-cased word tokens minus a few function words), ties by position."""
+    counts = overlap_counts(question, texts)
+    return sorted(range(1, len(texts) + 1), key=lambda i: (-counts[i - 1], i))
+
+
+def overlap_counts(question: str, texts: list[str]) -> list[int]:
+    """Per text, how many distinct content words of ``question`` it contains (lower-cased word tokens minus a few
+    function words)."""
     import re
 
     def words(text: str) -> set[str]:
         return {w for w in re.findall(r"\w+", text.lower()) if w not in STOPWORDS}
 
     asked = words(question)
-    counts = [len(asked & words(text)) for text in texts]
-    return sorted(range(1, len(texts) + 1), key=lambda i: (-counts[i - 1], i))
+    return [len(asked & words(text)) for text in texts]
 
 
 def citation_table(steps: list[dict[str, Any]]) -> list[str]:
@@ -356,26 +362,15 @@ def relevance_block(numbers: list[int]) -> str:
     return f"<relevance>\n{numbers}\n</relevance>"
 
 
-def citation_preference(
-    model: Path, examples: list[Any], agent: Any, options: str, lists: int = 4, seed: int = 0, llm: Any = None
-) -> dict[str, Any]:
-    """Does the model prefer the gold ``<relevance>`` block to random ones? Teacher-forced, nothing sampled: for
-    each question whose shown references include a supporting one, the log-probability the model gives, after
-    ARENA's prompt, to :func:`relevance_block` of the gold reference numbers and of up to ``lists`` random lists of
-    as many shown references (:func:`preference_lists`). Per question ``preference``: the share of the random lists
-    the gold block beats (ties half; chance 0.5), ``first``: 1 when it beats them all (chance ``first_chance``,
-    1 / (lists + 1)). A reader that reads the references prefers the gold block; one that cites at chance (the
-    sampled-citation table of a GRPO run) does not, and this says so from one forward pass per question, without a
-    GRPO step. Questions left out are counted in ``skipped`` by reason. ``llm``: score with this LLM instead of
-    loading ``model`` on the hf engine with ``options``."""
-    import asyncio
+def preference_jobs(
+    examples: list[Any], agent: Any, lists: int, seed: int
+) -> tuple[list[tuple[Any, list[Any], list[list[int]]]], dict[str, int]]:
+    """The questions :func:`citation_preference` compares: per question whose shown references include a supporting
+    one, ``(example, shown references, [gold list, *random lists])`` (:func:`preference_lists`, seeded by the
+    question), and the questions left out, counted by reason."""
     import random
 
-    from sleuth.agents.arena import arena_prompt
-    from sleuth.llm import load_llm
-    from sleuth.train.common import close_llm
-
-    jobs: list[tuple[list[dict[str, str]], list[list[int]]]] = []
+    jobs = []
     skipped = {"no supporting reference shown": 0, "no other list of as many references": 0}
     for example in examples:
         references = list(example.context)[: agent.max_references]
@@ -388,13 +383,48 @@ def citation_preference(
         if not others:
             skipped["no other list of as many references"] += 1
             continue
-        messages = [{"role": "user", "content": arena_prompt(example.question, references, agent.prompt)}]
-        jobs.append((messages, [gold, *others]))
+        jobs.append((example, references, [gold, *others]))
+    return jobs, skipped
 
+
+def preference_scores(scored: list[list[float]]) -> dict[str, list[float]]:
+    """Per question, from the scores of its gold list (first) and its random lists: ``preference``, the share of the
+    random lists the gold one beats (ties half), ``first``, 1 when it beats them all, and that event's chance."""
+    per: dict[str, list[float]] = {"preference": [], "first": [], "first_chance": []}
+    for gold, *others in scored:
+        beaten = sum(o < gold for o in others) + 0.5 * sum(o == gold for o in others)
+        per["preference"].append(beaten / len(others))
+        per["first"].append(float(all(o < gold for o in others)))
+        per["first_chance"].append(1 / (len(others) + 1))
+    return per
+
+
+def citation_preference(
+    model: Path, examples: list[Any], agent: Any, options: str, lists: int = 4, seed: int = 0, llm: Any = None
+) -> dict[str, Any]:
+    """Does the model prefer the gold ``<relevance>`` block to random ones? Teacher-forced, nothing sampled: for
+    each question whose shown references include a supporting one, the log-probability the model gives, after
+    ARENA's prompt, to :func:`relevance_block` of the gold reference numbers and of up to ``lists`` random lists of
+    as many shown references (:func:`preference_jobs`). Per question ``preference``: the share of the random lists
+    the gold block beats (ties half; chance 0.5), ``first``: 1 when it beats them all (chance ``first_chance``,
+    1 / (lists + 1)). A reader that reads the references prefers the gold block; one that cites at chance (the
+    sampled-citation table of a GRPO run) does not, and this says so from one forward pass per question, without a
+    GRPO step. Questions left out are counted in ``skipped`` by reason. ``llm``: score with this LLM instead of
+    loading ``model`` on the hf engine with ``options``."""
+    import asyncio
+
+    from sleuth.agents.arena import arena_prompt
+    from sleuth.llm import load_llm
+    from sleuth.train.common import close_llm
+
+    jobs, skipped = preference_jobs(examples, agent, lists, seed)
     scorer = llm or load_llm(f"hf:{model}?{options}")
 
     async def score_all() -> list[list[Any]]:
-        rows = [asyncio.gather(*(scorer.score(m, relevance_block(c)) for c in lists_)) for m, lists_ in jobs]
+        rows = []
+        for example, references, candidates in jobs:
+            messages = [{"role": "user", "content": arena_prompt(example.question, references, agent.prompt)}]
+            rows.append(asyncio.gather(*(scorer.score(messages, relevance_block(c)) for c in candidates)))
         return list(await asyncio.gather(*rows))
 
     try:
@@ -402,14 +432,20 @@ def citation_preference(
     finally:
         if llm is None:
             close_llm(scorer)
-    per: dict[str, list[float]] = {"preference": [], "first": [], "first_chance": []}
-    for scores in scored:
-        gold_lp, others_lp = scores[0].logprob, [s.logprob for s in scores[1:]]
-        beaten = sum(o < gold_lp for o in others_lp) + 0.5 * sum(o == gold_lp for o in others_lp)
-        per["preference"].append(beaten / len(others_lp))
-        per["first"].append(float(all(o < gold_lp for o in others_lp)))
-        per["first_chance"].append(1 / (len(others_lp) + 1))
+    per = preference_scores([[s.logprob for s in scores] for scores in scored])
     return {"per_example": per, "model": str(model), "lists": lists, "skipped": skipped}
+
+
+def overlap_preference(examples: list[Any], agent: Any, lists: int = 4, seed: int = 0) -> dict[str, Any]:
+    """:func:`citation_preference`'s comparison, on the same questions and lists, for a reader that only matches
+    words: a list scores the question words its references contain (:func:`overlap_counts`, summed). What reading
+    the words alone earns on this probe, so a model's row has a reference besides chance; no model."""
+    jobs, skipped = preference_jobs(examples, agent, lists, seed)
+    scored = []
+    for example, references, candidates in jobs:
+        counts = overlap_counts(example.question, [f"{p.title} {p.text}" for p in references])
+        scored.append([float(sum(counts[i - 1] for i in c)) for c in candidates])
+    return {"per_example": preference_scores(scored), "model": "", "lists": lists, "skipped": skipped}
 
 
 def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0) -> list[str]:
@@ -444,7 +480,9 @@ PREFERENCE_TEXT = (
     "Does each model prefer the gold `<relevance>` block to random ones (`citation_preference`)? Per question with "
     "a supporting reference shown: the log-probability of the gold reference numbers' block after ARENA's prompt "
     f"against {PREFERENCE_LISTS} random lists of as many shown references; the share it beats (chance 0.5) and how "
-    "often it beats them all; p: one-sided exact sign-flip tests over the questions."
+    "often it beats them all; p: one-sided exact sign-flip tests over the questions. The word overlap row scores "
+    "the same lists by the question words their references contain (`overlap_preference`, no model): what a reader "
+    "that matches words alone would show."
 )
 
 
@@ -453,7 +491,7 @@ def write_probe(exp: Any, probes: dict[str, dict[str, dict[str, Any]]], settings
     where later runs find its evaluations by key like any committed ones."""
     table = preference_table(probes, seed)
     skipped = [
-        f"- {split} {stage}: skipped {probe['skipped']}, model `{short(probe['model'])}`"
+        f"- {split} {stage}: skipped {probe['skipped']}, model `{short(probe['model']) or 'none'}`"
         for split, stages in probes.items()
         for stage, probe in stages.items()
     ]
@@ -694,6 +732,8 @@ def main() -> None:
                 lambda examples=examples: evaluate(model, examples, agent, args.llm_options, args.engine),
             )
 
+    for split, examples in splits.items():  # the same comparison for a reader of words alone: no model, not cached
+        probes[split]["word overlap"] = overlap_preference(examples, agent, PREFERENCE_LISTS, args.seed)
     if not args.skip_base:
         measure("base", base)
     start = base

@@ -204,6 +204,41 @@ def test_arena_citation_preference_counts_the_random_lists_the_gold_block_beats(
     assert "| test | warm start | 2 | 0.667 |" in table
 
 
+def test_arena_overlap_preference_scores_the_probe_lists_by_the_question_words_they_contain() -> None:
+    """overlap_preference on citation_preference's own questions and lists: where the gold reference alone shares
+    the question's words, the gold list beats every random list; where a distractor shares more, it loses to the
+    lists citing that distractor; the lists are the probe's (same seed, same questions left out)."""
+    import random
+
+    from learn_arena import overlap_preference, preference_jobs, preference_lists
+
+    from sleuth.agents.arena import ArenaConfig
+    from sleuth.records import Example, Passage
+
+    refs = [
+        Passage(id="p1", title="Eiffel Tower", text="Gustave Eiffel designed the tower in Paris."),
+        Passage(id="p2", title="Banana", text="Bananas are yellow."),
+        Passage(id="p3", title="Apple", text="Apples are red."),
+        Passage(id="p4", title="Lemon", text="Lemons are sour."),
+    ]
+    question = "Who designed the Eiffel Tower?"
+    examples = [
+        Example(id="a", question=question, answers=["x"], context=refs, supporting_ids=["p1"]),
+        Example(id="b", question=question, answers=["x"], context=refs, supporting_ids=["p3"]),
+        Example(id="c", question=question, answers=["x"], context=refs, supporting_ids=["p9"]),
+    ]
+    agent = ArenaConfig(max_references=4)
+    probe = overlap_preference(examples, agent, lists=3, seed=0)
+    # a: gold [1] shares 3 words, [2], [3], [4] none; b: gold [3] loses to [1], ties [2] and [4]
+    assert probe["per_example"]["preference"] == [1.0, pytest.approx(1 / 3)]
+    assert probe["per_example"]["first"] == [1.0, 0.0]
+    assert probe["skipped"]["no supporting reference shown"] == 1
+    jobs, _ = preference_jobs(examples, agent, lists=3, seed=0)
+    assert [c[1:] for _, _, c in jobs] == [
+        preference_lists(c[0], 4, 3, random.Random(f"0:{e.id}")) for e, _, c in jobs
+    ]  # the random lists citation_preference draws for the same question
+
+
 def test_arena_warmup_records_with_shuffles_move_the_gold_numbers_with_their_references() -> None:
     """learn_arena.warmup_records on the real train files: shuffles=3 gives each question three orders of the same
     references, the first the given one (the records of shuffles=1), and every target's relevance list names the
@@ -1164,7 +1199,9 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     assert written["declaration"]["declared_at"] == declared["declared_at"]
     assert [c["n"] for c in written["claims"]] == [6, 6, 6]  # 2 questions of each of the three dev files
     preference = written["citation_preference"]["test"]  # the teacher-forced probe of each stage, on the real model
-    assert set(preference) == {"warm start", "GRPO"} and preference["GRPO"]["per_example"]["preference"]
+    assert (
+        set(preference) == {"word overlap", "warm start", "GRPO"} and preference["GRPO"]["per_example"]["preference"]
+    )
     assert "## Citation preference (teacher-forced)" in (results / "results.md").read_text()
     refused = run("--probe-only")  # would overwrite the full run's report
     assert refused.returncode != 0 and "would overwrite" in refused.stderr
@@ -1173,7 +1210,7 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     done = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     probed = json.loads((tmp_path / "probe" / "results.json").read_text())
-    assert probed["probe_only"] and set(probed["citation_preference"]["test"]) == {"warm start"}
+    assert probed["probe_only"] and set(probed["citation_preference"]["test"]) == {"word overlap", "warm start"}
     read_back = probed["citation_preference"]["test"]["warm start"]  # the full run's probe, found by its key
     assert read_back["per_example"] == preference["warm start"]["per_example"]
     assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
