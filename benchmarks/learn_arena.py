@@ -448,6 +448,46 @@ def overlap_preference(examples: list[Any], agent: Any, lists: int = 4, seed: in
     return {"per_example": preference_scores(scored), "model": "", "lists": lists, "skipped": skipped}
 
 
+# UPR's question-likelihood prompt (Sachan et al. 2022, "Improving Passage Retrieval with Zero-Shot Question
+# Generation"): a passage ranks by log p(question | passage) under the language model
+LIKELIHOOD_PROMPT = "Passage: {passage}\nPlease write a question based on this passage.\nQuestion:"
+
+
+def likelihood_preference(
+    model: Path, examples: list[Any], agent: Any, options: str, lists: int = 4, seed: int = 0, llm: Any = None
+) -> dict[str, Any]:
+    """:func:`citation_preference`'s comparison, on the same questions and lists, with the model ranking the
+    references by how well each predicts the question (:data:`LIKELIHOOD_PROMPT`, log p(question | reference),
+    a list scoring the sum over its references): does the model know which references bear on the question, in a
+    form that needs no citation numbers? A model whose row here beats chance while its ``<relevance>`` row does not
+    knows the references but does not cite them. ``llm``: score with this LLM instead of loading ``model``."""
+    import asyncio
+
+    from sleuth.llm import load_llm
+    from sleuth.train.common import close_llm
+
+    jobs, skipped = preference_jobs(examples, agent, lists, seed)
+    scorer = llm or load_llm(f"hf:{model}?{options}")
+
+    async def score_all() -> list[list[float]]:
+        rows = []
+        for example, references, _ in jobs:
+            prompts = [LIKELIHOOD_PROMPT.format(passage=f"{p.title}: {p.text}") for p in references]
+            rows.append(asyncio.gather(*(scorer.score(prompt, " " + example.question) for prompt in prompts)))
+        return [[s.logprob for s in scores] for scores in await asyncio.gather(*rows)]
+
+    try:
+        per_reference = asyncio.run(score_all())
+    finally:
+        if llm is None:
+            close_llm(scorer)
+    scored = [
+        [sum(values[i - 1] for i in c) for c in candidates]
+        for values, (_, _, candidates) in zip(per_reference, jobs, strict=True)
+    ]
+    return {"per_example": preference_scores(scored), "model": str(model), "lists": lists, "skipped": skipped}
+
+
 def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0) -> list[str]:
     """Markdown rows of :func:`citation_preference` by split and stage, each with its one-sided exact test against
     chance (sign-flip permutation, :func:`harness.compare`)."""
@@ -482,7 +522,9 @@ PREFERENCE_TEXT = (
     f"against {PREFERENCE_LISTS} random lists of as many shown references; the share it beats (chance 0.5) and how "
     "often it beats them all; p: one-sided exact sign-flip tests over the questions. The word overlap row scores "
     "the same lists by the question words their references contain (`overlap_preference`, no model): what a reader "
-    "that matches words alone would show."
+    "that matches words alone would show. `--probe-only` adds the base model's question likelihood "
+    "(`likelihood_preference`, UPR's prompt): the same lists scored by log p(question | reference), whether the model "
+    "knows the relevant references without having to cite them."
 )
 
 
@@ -734,6 +776,24 @@ def main() -> None:
 
     for split, examples in splits.items():  # the same comparison for a reader of words alone: no model, not cached
         probes[split]["word overlap"] = overlap_preference(examples, agent, PREFERENCE_LISTS, args.seed)
+        if not args.probe_only:
+            continue
+        start, count = slices[split]  # does the base model know the references, without citing? (probe-only)
+        probes[split]["base: question likelihood"] = exp.evaluate(
+            "base",
+            f"{split}-likelihood",
+            {
+                "model": str(base),
+                "files": DEV,
+                "start": start,
+                "per_file": count,
+                "agent": agent_key,
+                "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed, "prompt": LIKELIHOOD_PROMPT},
+            },
+            lambda examples=examples: likelihood_preference(
+                base, examples, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed
+            ),
+        )
     if not args.skip_base:
         measure("base", base)
     start = base

@@ -239,6 +239,34 @@ def test_arena_overlap_preference_scores_the_probe_lists_by_the_question_words_t
     ]  # the random lists citation_preference draws for the same question
 
 
+def test_arena_likelihood_preference_ranks_lists_by_the_question_likelihood_of_their_references() -> None:
+    """likelihood_preference with a scripted scorer (the real hf path: the learn_arena probe-only smoke test): each
+    reference is scored once, by UPR's prompt with the question as the completion, and a list sums its references'
+    scores, so the gold [1] beats every list where only reference 1 predicts the question."""
+    import asyncio
+
+    from learn_arena import LIKELIHOOD_PROMPT, likelihood_preference
+
+    from sleuth.agents.arena import ArenaConfig
+    from sleuth.llm import Score
+    from sleuth.records import Example, Passage
+
+    seen: list[tuple[object, str]] = []
+
+    class Scorer:
+        async def score(self, prompt: object, completion: str) -> Score:
+            await asyncio.sleep(0)
+            seen.append((prompt, completion))
+            return Score(logprob=-1.0 if "Eiffel" in str(prompt) else -9.0, token_logprobs=[], tokens=[])
+
+    refs = [Passage(id=f"p{i}", title=f"T{i}", text="Eiffel built it." if i == 1 else "fruit") for i in range(1, 5)]
+    examples = [Example(id="a", question="Who built it?", answers=["x"], context=refs, supporting_ids=["p1"])]
+    probe = likelihood_preference(Path("unused"), examples, ArenaConfig(max_references=4), "", lists=3, llm=Scorer())
+    assert probe["per_example"]["preference"] == [1.0] and probe["per_example"]["first"] == [1.0]
+    assert len(seen) == 4 and {c for _, c in seen} == {" Who built it?"}
+    assert seen[0][0] == LIKELIHOOD_PROMPT.format(passage="T1: Eiffel built it.")
+
+
 def test_arena_warmup_records_with_shuffles_move_the_gold_numbers_with_their_references() -> None:
     """learn_arena.warmup_records on the real train files: shuffles=3 gives each question three orders of the same
     references, the first the given one (the records of shuffles=1), and every target's relevance list names the
@@ -1210,7 +1238,8 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     done = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     probed = json.loads((tmp_path / "probe" / "results.json").read_text())
-    assert probed["probe_only"] and set(probed["citation_preference"]["test"]) == {"word overlap", "warm start"}
+    tested = probed["citation_preference"]["test"]
+    assert probed["probe_only"] and set(tested) == {"word overlap", "base: question likelihood", "warm start"}
     read_back = probed["citation_preference"]["test"]["warm start"]  # the full run's probe, found by its key
     assert read_back["per_example"] == preference["warm start"]["per_example"]
     assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
