@@ -34,7 +34,9 @@ against as many references drawn at random (:func:`citation_chance`), and, witho
 preference of each stage for the gold ``<relevance>`` block over random lists of as many shown references
 (:func:`citation_preference`: one forward pass a question, exact tests against chance). ``--probe-only`` runs the
 second on the base and warm-start models alone (no evaluation, no GRPO: minutes, not hours), so a warm start can be
-checked before GRPO is spent on it.
+checked before GRPO is spent on it. Two reference rows go with it on the same questions and lists: a reader of words
+alone (:func:`overlap_preference`, no model) and, with ``--probe-only``, the base model's own question likelihood
+(:func:`likelihood_preference`: whether it knows which references bear on the question without citing them).
 
 Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resumes; each GRPO setting (``--steps``,
 ``--prompts``, ``--group``, ``--lr``, ``--accuracy``) trains into its own directory next to the others (a setting that
