@@ -450,8 +450,9 @@ def overlap_preference(examples: list[Any], agent: Any, lists: int = 4, seed: in
     return {"per_example": preference_scores(scored), "model": "", "lists": lists, "skipped": skipped}
 
 
-# UPR's question-likelihood prompt (Sachan et al. 2022, "Improving Passage Retrieval with Zero-Shot Question
-# Generation"): a passage ranks by log p(question | passage) under the language model
+# after UPR's question-likelihood ranking (Sachan et al. 2022, "Improving Passage Retrieval with Zero-Shot Question
+# Generation": a passage ranks by log p(question | "Passage: {p}. Please write a question based on this passage.")),
+# here with line breaks between the parts
 LIKELIHOOD_PROMPT = "Passage: {passage}\nPlease write a question based on this passage.\nQuestion:"
 
 
