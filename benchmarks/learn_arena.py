@@ -526,7 +526,7 @@ PREFERENCE_TEXT = (
     "often it beats them all; p: one-sided exact sign-flip tests over the questions. The word overlap row scores "
     "the same lists by the question words their references contain (`overlap_preference`, no model): what a reader "
     "that matches words alone would show. `--probe-only` adds the base model's question likelihood "
-    "(`likelihood_preference`, UPR's prompt): the same lists scored by log p(question | reference), whether the model "
+    "(`likelihood_preference`, after UPR): the same lists scored by log p(question | reference), whether the model "
     "knows the relevant references without having to cite them."
 )
 
