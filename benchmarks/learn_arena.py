@@ -756,10 +756,13 @@ def main() -> None:
 
     probes: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in slices}
 
+    def eval_key(model: Path, split: str) -> dict[str, Any]:
+        start, count = slices[split]
+        return {"model": str(model), "files": DEV, "start": start, "per_file": count, "agent": agent_key}
+
     def measure(stage: str, model: Path) -> None:
         for split, examples in splits.items():
-            start, count = slices[split]
-            key = {"model": str(model), "files": DEV, "start": start, "per_file": count, "agent": agent_key}
+            key = eval_key(model, split)
             probes[split][stage] = exp.evaluate(
                 stage,
                 f"{split}-preference",
@@ -781,16 +784,11 @@ def main() -> None:
         probes[split]["word overlap"] = overlap_preference(examples, agent, PREFERENCE_LISTS, args.seed)
         if not args.probe_only:
             continue
-        start, count = slices[split]  # does the base model know the references, without citing? (probe-only)
-        probes[split]["base: question likelihood"] = exp.evaluate(
+        probes[split]["base: question likelihood"] = exp.evaluate(  # does the base know the references? (probe-only)
             "base",
             f"{split}-likelihood",
             {
-                "model": str(base),
-                "files": DEV,
-                "start": start,
-                "per_file": count,
-                "agent": agent_key,
+                **eval_key(base, split),
                 "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed, "prompt": LIKELIHOOD_PROMPT},
             },
             lambda examples=examples: likelihood_preference(

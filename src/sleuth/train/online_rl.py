@@ -289,10 +289,10 @@ class RLConfig(TrainConfig):
     save_steps: int = 10
     concurrency: int = 64  # episodes in flight at once
     # rows per transformers ``generate`` call of the live-policy rollouts (no rollout_server); 0: automatic
-    # (rows_per_generate): on a GPU the process's prompts x group_size, one call a step (a small model's decoding
-    # step is bound by the per-step overhead, 0.101 s at 32 rows on an H100, docs/results/gpu_check_generate.md; the
-    # H100 ARENA run sampled its 112 episodes a step in one call; a sweep over row counts was not measured), on the
-    # CPU 32 (32 rows already fill the cores). Episodes in flight are raised to match.
+    # (rows_per_generate): on a GPU the process's prompts x group_size, one call a step (a decoding step of 32 rows
+    # took 0.101 s on an H100, docs/results/gpu_check_generate.md; the H100 ARENA run sampled its 112 episodes a step
+    # in one call; a sweep over row counts was not measured), on the CPU 32 (32 rows already fill the cores). Episodes
+    # in flight are raised to match.
     rollout_batch: int = 0
     progress: bool = True
     # a step whose failed episodes (a rollout that raised, a reward that could not be computed) exceed this share of
