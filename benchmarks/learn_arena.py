@@ -139,6 +139,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         sizes["warmup"] = args.format_warmup
     if args.warmup_shuffles < 1:
         raise SystemExit("--warmup-shuffles is a count of orders: at least 1 (the given order)")
+    if args.warmup_epochs <= 0:
+        raise SystemExit("--warmup-epochs must be positive")
     if args.test_start < 0 or min(sizes["test"], sizes["dev"]) < 0:
         raise SystemExit("--test-start, --test-questions and --dev-questions are counts: not negative")
     if args.test_start + sizes["test"] > DEV_OFFSET or sizes["dev"] > 200 - DEV_OFFSET:
@@ -161,6 +163,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "after": sizes["train"],
             # keyed only when set, so the warm starts before the option keep their keys
             **({"shuffles": args.warmup_shuffles} if args.warmup_shuffles > 1 else {}),
+            **({"epochs": args.warmup_epochs} if args.warmup_epochs != 2 else {}),
         },
         "grpo": {
             "train_per_file": sizes["train"],
@@ -561,20 +564,13 @@ def warmup_target(example: Any, references: list[Any]) -> str:
     return f"<relevance>\n{gold}\n</relevance>\n\n<analysis>\n{analysis}\n</analysis>\n\n<answer>\n{answer}\n</answer>"
 
 
-def warmup_records(
-    files: list[str], skip: int, count: int, agent: Any, shuffles: int = 1, seed: int = 0
-) -> list[dict[str, Any]]:
-    """The warm start's chat records: ``count`` train questions (round-robin over ``files``, after the first ``skip``
-    of each, which GRPO trains on) with a supporting reference among the first ``agent.max_references`` shown, ARENA's
-    prompt and the :func:`warmup_target` completion. ``shuffles`` > 1: each question that many times, in its given
-    order and then in ``shuffles - 1`` random orders of its references (the gold numbers move with them), so a gold
-    list goes with the references' words, not their places, and the warm start sees more relevance lists."""
-    import random
-
-    from sleuth.agents.arena import arena_prompt
+def warmup_questions(files: list[str], skip: int, count: int, agent: Any) -> list[tuple[Any, list[Any]]]:
+    """The warm start's questions with their shown references: ``count`` train questions, round-robin over ``files``
+    after the first ``skip`` of each (which GRPO trains on), that have a gold answer and a supporting reference
+    among the first ``agent.max_references``; fewer when a file runs out."""
     from sleuth.data import load_examples
 
-    pools = []  # per file, the usable questions after the first ``skip`` (which the GRPO run trains on)
+    pools = []  # per file, the usable questions after the first ``skip``
     for f in files:
         usable = []
         for example in load_examples(f, limit=skip + 4 * count)[skip:]:
@@ -582,24 +578,40 @@ def warmup_records(
             if example.answers and any(p.id in set(example.supporting_ids) for p in references):
                 usable.append((example, references))  # else no gold answer or no supporting reference shown
         pools.append(usable)
-    records = []
-    for i in range(count):  # round-robin over the files
+    picked = []
+    for i in range(count):
         pool = pools[i % len(pools)]
         if i // len(pools) < len(pool):
-            example, references = pool[i // len(pools)]
-            orders = [references]
-            rng = random.Random(f"{seed}:{example.id}")
-            for _ in range(shuffles - 1):
-                order = list(references)
-                rng.shuffle(order)
-                orders.append(order)
-            for shown in orders:
-                prompt = arena_prompt(example.question, shown, agent.prompt)
-                messages = [
-                    {"role": "user", "content": prompt},
-                    {"role": "assistant", "content": warmup_target(example, shown)},
-                ]
-                records.append({"messages": messages})
+            picked.append(pool[i // len(pools)])
+    return picked
+
+
+def warmup_records(
+    files: list[str], skip: int, count: int, agent: Any, shuffles: int = 1, seed: int = 0
+) -> list[dict[str, Any]]:
+    """The warm start's chat records: :func:`warmup_questions` with ARENA's prompt and the :func:`warmup_target`
+    completion. ``shuffles`` > 1: each question that many times, in its given order and then in ``shuffles - 1``
+    random orders of its references (the gold numbers move with them), so a gold list goes with the references'
+    words, not their places, and the warm start sees more relevance lists."""
+    import random
+
+    from sleuth.agents.arena import arena_prompt
+
+    records = []
+    for example, references in warmup_questions(files, skip, count, agent):
+        orders = [references]
+        rng = random.Random(f"{seed}:{example.id}")
+        for _ in range(shuffles - 1):
+            order = list(references)
+            rng.shuffle(order)
+            orders.append(order)
+        for shown in orders:
+            prompt = arena_prompt(example.question, shown, agent.prompt)
+            messages = [
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": warmup_target(example, shown)},
+            ]
+            records.append({"messages": messages})
     return records
 
 
@@ -613,9 +625,10 @@ def format_warmup(
     lr: float,
     shuffles: int = 1,
     seed: int = 0,
+    epochs: float = 2.0,
 ) -> Path:
     """Fine-tune ``base`` on :func:`warmup_records` (``count`` train questions after the first ``skip`` of each file,
-    ``shuffles`` orders each); returns the merged model, ``out/model`` (resumes a killed run)."""
+    ``shuffles`` orders each) for ``epochs``; returns the merged model, ``out/model`` (resumes a killed run)."""
     from sleuth.train.sft import SFTConfig, SFTSource, train_sft
 
     model = out / "model"
@@ -631,7 +644,7 @@ def format_warmup(
         sources=[SFTSource(path=str(data), kind="released", name="arena-format")],
         val_fraction=0.0,
         max_length=2048,
-        epochs=2.0,
+        epochs=epochs,
         learning_rate=lr,
         batch_size=8,
         per_device_batch_size=2,
@@ -684,6 +697,7 @@ def main() -> None:
         default=1,
         help="each warm-start question in its given order and in N-1 random orders of its references",
     )
+    parser.add_argument("--warmup-epochs", type=float, default=2.0, help="passes of the warm start over its records")
     parser.add_argument(
         "--probe-only",
         action="store_true",
@@ -807,7 +821,16 @@ def main() -> None:
             out = exp.stage_dir("warmup", warm_key)
             shuffles = w.get("shuffles", 1)
             model = format_warmup(
-                base, train_files, w["after"], w["questions"], agent, out, w["lr"], shuffles, args.seed
+                base,
+                train_files,
+                w["after"],
+                w["questions"],
+                agent,
+                out,
+                w["lr"],
+                shuffles,
+                args.seed,
+                w.get("epochs", 2.0),
             )
             records = len((out / "records.jsonl").read_text().splitlines())
             return {"model": str(model), "records": records, "questions": records // shuffles}
@@ -815,6 +838,26 @@ def main() -> None:
         warm = exp.stage("warmup", warm_key, warm_start)
         start = Path(warm["model"])
         measure("warm start", start)
+        if args.probe_only:  # does the warm start prefer the gold block on the questions it was trained on?
+            trained = [e for e, _ in warmup_questions(train_files, w["after"], w["questions"], agent)]
+            split = "warm start's own train questions"
+            probes[split] = {"word overlap": overlap_preference(trained, agent, PREFERENCE_LISTS, args.seed)}
+            for stage, model in ([] if args.skip_base else [("base", base)]) + [("warm start", start)]:
+                probes[split][stage] = exp.evaluate(
+                    stage,
+                    "train-preference",
+                    {
+                        "model": str(model),
+                        "files": TRAIN,
+                        "after": w["after"],
+                        "questions": w["questions"],
+                        "agent": agent_key,
+                        "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed},
+                    },
+                    lambda model=model: citation_preference(
+                        model, trained, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed
+                    ),
+                )
     if args.probe_only:
         write_probe(exp, probes, trial_settings, args.seed)
         return

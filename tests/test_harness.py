@@ -273,13 +273,17 @@ def test_arena_warmup_records_with_shuffles_move_the_gold_numbers_with_their_ref
     positions of the supporting references in its own order."""
     import re
 
-    from learn_arena import DATA, TRAIN, warmup_records
+    from learn_arena import DATA, TRAIN, warmup_questions, warmup_records
 
     from sleuth.agents.arena import ArenaConfig
 
     files = [str(DATA / f) for f in TRAIN]  # ../shared/data, beside every checkout (the smoke tests read it too)
     agent = ArenaConfig(max_references=6)
     plain = warmup_records(files, 60, 4, agent)
+    questions = warmup_questions(files, 60, 4, agent)  # round-robin over the three files, the records' order
+    assert [e.question in r["messages"][0]["content"] for (e, _), r in zip(questions, plain, strict=True)] == [
+        True
+    ] * 4
     shuffled = warmup_records(files, 60, 4, agent, shuffles=3)
     assert len(plain) == 4 and len(shuffled) == 12 and shuffled[::3] == plain
 
@@ -1240,6 +1244,8 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     probed = json.loads((tmp_path / "probe" / "results.json").read_text())
     tested = probed["citation_preference"]["test"]
     assert probed["probe_only"] and set(tested) == {"word overlap", "base: question likelihood", "warm start"}
+    own = probed["citation_preference"]["warm start's own train questions"]  # 4 smoke warm-start questions
+    assert set(own) == {"word overlap", "warm start"} and len(own["warm start"]["per_example"]["preference"]) == 4
     read_back = probed["citation_preference"]["test"]["warm start"]  # the full run's probe, found by its key
     assert read_back["per_example"] == preference["warm start"]["per_example"]
     assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
