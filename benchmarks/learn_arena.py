@@ -164,6 +164,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             # keyed only when set, so the warm starts before the option keep their keys
             **({"shuffles": args.warmup_shuffles} if args.warmup_shuffles > 1 else {}),
             **({"epochs": args.warmup_epochs} if args.warmup_epochs != 2 else {}),
+            **({"fill": True} if args.warmup_fill else {}),
         },
         "grpo": {
             "train_per_file": sizes["train"],
@@ -564,10 +565,13 @@ def warmup_target(example: Any, references: list[Any]) -> str:
     return f"<relevance>\n{gold}\n</relevance>\n\n<analysis>\n{analysis}\n</analysis>\n\n<answer>\n{answer}\n</answer>"
 
 
-def warmup_questions(files: list[str], skip: int, count: int, agent: Any) -> list[tuple[Any, list[Any]]]:
+def warmup_questions(
+    files: list[str], skip: int, count: int, agent: Any, fill: bool = False
+) -> list[tuple[Any, list[Any]]]:
     """The warm start's questions with their shown references: ``count`` train questions, round-robin over ``files``
     after the first ``skip`` of each (which GRPO trains on), that have a gold answer and a supporting reference
-    among the first ``agent.max_references``; fewer when a file runs out."""
+    among the first ``agent.max_references``. A file that runs out leaves its turns empty (fewer than ``count``);
+    ``fill``: the files that still have questions take its turns, until ``count`` or all run out."""
     from sleuth.data import load_examples
 
     pools = []  # per file, the usable questions after the first ``skip``
@@ -578,16 +582,18 @@ def warmup_questions(files: list[str], skip: int, count: int, agent: Any) -> lis
             if example.answers and any(p.id in set(example.supporting_ids) for p in references):
                 usable.append((example, references))  # else no gold answer or no supporting reference shown
         pools.append(usable)
-    picked = []
-    for i in range(count):
-        pool = pools[i % len(pools)]
-        if i // len(pools) < len(pool):
-            picked.append(pool[i // len(pools)])
-    return picked
+    if not fill:
+        return [
+            pools[i % len(pools)][i // len(pools)]
+            for i in range(count)
+            if i // len(pools) < len(pools[i % len(pools)])
+        ]
+    picked = [pool[r] for r in range(max(map(len, pools), default=0)) for pool in pools if r < len(pool)]
+    return picked[:count]
 
 
 def warmup_records(
-    files: list[str], skip: int, count: int, agent: Any, shuffles: int = 1, seed: int = 0
+    files: list[str], skip: int, count: int, agent: Any, shuffles: int = 1, seed: int = 0, fill: bool = False
 ) -> list[dict[str, Any]]:
     """The warm start's chat records: :func:`warmup_questions` with ARENA's prompt and the :func:`warmup_target`
     completion. ``shuffles`` > 1: each question that many times, in its given order and then in ``shuffles - 1``
@@ -598,7 +604,7 @@ def warmup_records(
     from sleuth.agents.arena import arena_prompt
 
     records = []
-    for example, references in warmup_questions(files, skip, count, agent):
+    for example, references in warmup_questions(files, skip, count, agent, fill):
         orders = [references]
         rng = random.Random(f"{seed}:{example.id}")
         for _ in range(shuffles - 1):
@@ -626,6 +632,7 @@ def format_warmup(
     shuffles: int = 1,
     seed: int = 0,
     epochs: float = 2.0,
+    fill: bool = False,
 ) -> Path:
     """Fine-tune ``base`` on :func:`warmup_records` (``count`` train questions after the first ``skip`` of each file,
     ``shuffles`` orders each) for ``epochs``; returns the merged model, ``out/model`` (resumes a killed run)."""
@@ -634,7 +641,7 @@ def format_warmup(
     model = out / "model"
     if (model / "config.json").exists():
         return model
-    records = warmup_records(files, skip, count, agent, shuffles, seed)
+    records = warmup_records(files, skip, count, agent, shuffles, seed, fill)
     out.mkdir(parents=True, exist_ok=True)
     data = out / "records.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -698,6 +705,12 @@ def main() -> None:
         help="each warm-start question in its given order and in N-1 random orders of its references",
     )
     parser.add_argument("--warmup-epochs", type=float, default=2.0, help="passes of the warm start over its records")
+    parser.add_argument(
+        "--warmup-fill",
+        action="store_true",
+        help="when a train file runs out of warm-start questions, the others take its turns (2Wiki's train file has "
+        "~390 usable beyond GRPO's, HotpotQA's and MuSiQue's ~35 and ~27)",
+    )
     parser.add_argument(
         "--probe-only",
         action="store_true",
@@ -831,6 +844,7 @@ def main() -> None:
                 shuffles,
                 args.seed,
                 w.get("epochs", 2.0),
+                w.get("fill", False),
             )
             records = len((out / "records.jsonl").read_text().splitlines())
             return {"model": str(model), "records": records, "questions": records // shuffles}
@@ -839,7 +853,9 @@ def main() -> None:
         start = Path(warm["model"])
         measure("warm start", start)
         if args.probe_only:  # does the warm start prefer the gold block on the questions it was trained on?
-            trained = [e for e, _ in warmup_questions(train_files, w["after"], w["questions"], agent)]
+            trained = [
+                e for e, _ in warmup_questions(train_files, w["after"], w["questions"], agent, w.get("fill", False))
+            ]
             split = "warm start's own train questions"
             probes[split] = {"word overlap": overlap_preference(trained, agent, PREFERENCE_LISTS, args.seed)}
             for stage, model in ([] if args.skip_base else [("base", base)]) + [("warm start", start)]:

@@ -299,6 +299,23 @@ def test_arena_warmup_records_with_shuffles_move_the_gold_numbers_with_their_ref
     assert len({r["messages"][0]["content"] for r in shuffled}) > 4  # the orders differ
 
 
+def test_arena_warmup_questions_fill_the_turns_of_a_train_file_that_runs_out() -> None:
+    """On the real train files HotpotQA's and MuSiQue's usable questions after GRPO's 60 run out before 40 rounds:
+    without fill 120 turns give fewer questions; with fill 2Wiki takes the empty turns, the same questions first."""
+    from learn_arena import DATA, TRAIN, warmup_questions
+
+    from sleuth.agents.arena import ArenaConfig
+
+    files = [str(DATA / f) for f in TRAIN]
+    agent = ArenaConfig(max_references=6)
+    plain = [e.id for e, _ in warmup_questions(files, 60, 120, agent)]
+    filled = [e.id for e, _ in warmup_questions(files, 60, 120, agent, fill=True)]
+    assert len(plain) < 120 and len(filled) == 120 and len(set(filled)) == 120
+    assert filled[: len(plain)] == plain  # the round robin's questions, then the fill
+    wiki = {e.id for e, _ in warmup_questions(files[1:2], 60, 200, agent)}
+    assert set(filled[len(plain) :]) <= wiki
+
+
 def test_arena_overlap_order_ranks_references_by_the_question_words_they_share() -> None:
     from learn_arena import overlap_order
 
