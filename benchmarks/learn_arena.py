@@ -26,7 +26,10 @@ whose target is ARENA's SFT-reasoning layout (arena.md §3.5: gold relevance ids
 analysis templated as "Reference [i] states that <its first sentence>." because no model writes it here (the
 paper has the backbone write it). Evaluated as its own stage, so "GRPO - warm start" is what GRPO added.
 ``--format-warmup 0`` runs GRPO from the base model, as the paper does. ``--warmup-shuffles N`` shows each warm-start
-question in its given order and N - 1 random orders of its references (the gold numbers move with them).
+question in its given order and N - 1 random orders of its references (the gold numbers move with them);
+``--warmup-epochs`` sets its passes (default 2); ``--warmup-fill`` lets the train files that still have questions
+take the turns of one that runs out (HotpotQA's and MuSiQue's train files hold ~35 and ~27 usable questions after
+GRPO's, 2Wiki's ~390).
 
 Does a reader read? Citation recall rises only if the model's citations beat chance, and a reader citing at chance
 gives GRPO's relevance term luck to reinforce. Two checks, in every report: the sampled citations of each GRPO step
@@ -34,16 +37,19 @@ against as many references drawn at random (:func:`citation_chance`), and, witho
 preference of each stage for the gold ``<relevance>`` block over random lists of as many shown references
 (:func:`citation_preference`: one forward pass a question, exact tests against chance). ``--probe-only`` runs the
 second on the base and warm-start models alone (no evaluation, no GRPO: minutes, not hours), so a warm start can be
-checked before GRPO is spent on it. Two reference rows go with it on the same questions and lists: a reader of words
-alone (:func:`overlap_preference`, no model) and, with ``--probe-only``, the base model's own question likelihood
-(:func:`likelihood_preference`: whether it knows which references bear on the question without citing them).
+checked before GRPO is spent on it, and also on the warm start's own train questions (split ``train-preference``:
+has it fit the relevance lists it was trained on, or only the rest of the target?). Two reference rows go with it
+on the same questions and lists: a reader of words alone (:func:`overlap_preference`, no model) and, with
+``--probe-only``, the base model's own question likelihood (:func:`likelihood_preference`: whether it knows which
+references bear on the question without citing them).
 
 Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resumes; each GRPO setting (``--steps``,
 ``--prompts``, ``--group``, ``--lr``, ``--accuracy``) trains into its own directory next to the others (a setting that
 differs from another only in ``--steps`` continues that run's furthest checkpoint at or below its own step count:
 ``--steps 10`` after ``--steps 4`` trains 6 new steps, :func:`harness.continue_online_rl`), while a changed setting of
-the warm start (``--format-warmup``, ``--warmup-lr``, and ``--train-questions``: the warm start takes the questions
-after GRPO's) is an error naming the files to remove (results of two settings are never mixed).
+the warm start (``--format-warmup``, ``--warmup-lr``, ``--warmup-shuffles``, ``--warmup-epochs``, ``--warmup-fill``,
+and ``--train-questions``: the warm start takes the questions after GRPO's) is an error naming the files to remove
+(results of two settings are never mixed): give each warm start its own ``--work``.
 
     python benchmarks/learn_arena.py            # 4 steps: about 2 hours on 2 CPU cores from the base model (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
@@ -867,6 +873,7 @@ def main() -> None:
                         "files": TRAIN,
                         "after": w["after"],
                         "questions": w["questions"],
+                        **({"fill": True} if w.get("fill") else {}),
                         "agent": agent_key,
                         "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed},
                     },
