@@ -101,6 +101,7 @@ from harness import (  # noqa: E402  (the benchmarks directory is not a package)
 RESULTS = REPO / "docs" / "results" / "learn_arena"
 TRAIN = ["hotpotqa/hotpotqa_train.json", "2wikimultihopqa/wikihop_train_preprocess.json", "musique/musique_train.json"]
 DEV = ["hotpotqa/hotpot.json", "2wikimultihopqa/wikihop.json", "musique/musique.json"]
+WARMUP_EPOCHS = 2.0  # the warm start's passes over its records (keyed only when another is given)
 DEV_OFFSET = 100  # per dev file: the test slice is below, the dev slice from here on
 METRICS = ("em", "f1", "citation_precision", "citation_recall", "format_ok")
 # The claims this benchmark is run to test, on the test split: harness.claims gives each the one-sided exact test
@@ -169,7 +170,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "after": sizes["train"],
             # keyed only when set, so the warm starts before the option keep their keys
             **({"shuffles": args.warmup_shuffles} if args.warmup_shuffles > 1 else {}),
-            **({"epochs": args.warmup_epochs} if args.warmup_epochs != 2 else {}),
+            **({"epochs": args.warmup_epochs} if args.warmup_epochs != WARMUP_EPOCHS else {}),
             **({"fill": True} if args.warmup_fill else {}),
         },
         "grpo": {
@@ -588,14 +589,9 @@ def warmup_questions(
             if example.answers and any(p.id in set(example.supporting_ids) for p in references):
                 usable.append((example, references))  # else no gold answer or no supporting reference shown
         pools.append(usable)
-    if not fill:
-        return [
-            pools[i % len(pools)][i // len(pools)]
-            for i in range(count)
-            if i // len(pools) < len(pools[i % len(pools)])
-        ]
-    picked = [pool[r] for r in range(max(map(len, pools), default=0)) for pool in pools if r < len(pool)]
-    return picked[:count]
+    # round r gives each file's r-th question; a file that has run out leaves an empty turn (None)
+    turns = [pool[r] if r < len(pool) else None for r in range(max(map(len, pools), default=0)) for pool in pools]
+    return [q for q in (turns if fill else turns[:count]) if q is not None][:count]
 
 
 def warmup_records(
@@ -637,7 +633,7 @@ def format_warmup(
     lr: float,
     shuffles: int = 1,
     seed: int = 0,
-    epochs: float = 2.0,
+    epochs: float = WARMUP_EPOCHS,
     fill: bool = False,
 ) -> Path:
     """Fine-tune ``base`` on :func:`warmup_records` (``count`` train questions after the first ``skip`` of each file,
@@ -710,7 +706,9 @@ def main() -> None:
         default=1,
         help="each warm-start question in its given order and in N-1 random orders of its references",
     )
-    parser.add_argument("--warmup-epochs", type=float, default=2.0, help="passes of the warm start over its records")
+    parser.add_argument(
+        "--warmup-epochs", type=float, default=WARMUP_EPOCHS, help="passes of the warm start over its records"
+    )
     parser.add_argument(
         "--warmup-fill",
         action="store_true",
@@ -849,7 +847,7 @@ def main() -> None:
                 w["lr"],
                 shuffles,
                 args.seed,
-                w.get("epochs", 2.0),
+                w.get("epochs", WARMUP_EPOCHS),
                 w.get("fill", False),
             )
             records = len((out / "records.jsonl").read_text().splitlines())
