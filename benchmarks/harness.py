@@ -333,13 +333,15 @@ def run_dirs(name: str, args: argparse.Namespace, results: Path) -> tuple[Path, 
     """The working and results directories of benchmark ``name`` (``learn_arena``): ``--work`` / ``--results`` when
     given; else ``RUNS/learn-arena`` and the committed ``results``, ``RUNS/learn-arena-smoke`` and a results
     directory inside it with ``--smoke``, ``RUNS/learn-arena-full`` and ``results/full`` with ``--full`` (a GPU run's
-    report sits beside the CPU one and never mixes its stages with the CPU run's). ``RUNS`` is :func:`runs_home`
+    report sits beside the CPU one and never mixes its stages with the CPU run's), likewise ``-world`` / ``world``
+    with ``--world`` (``-full-world`` / ``full-world`` with both). ``RUNS`` is :func:`runs_home`
     (``$SLEUTH_RUNS``, else ``$SLEUTH_HOME/runs``): outside the checkout, so runs accumulate across checkouts."""
-    variant = "-smoke" if args.smoke else "-full" if getattr(args, "full", False) else ""
+    parts = [v for v in ("smoke", "full", "world") if getattr(args, v, False) is True]  # flags only
+    variant = "".join(f"-{v}" for v in parts)
     work = args.work or runs_home() / (name.replace("_", "-") + variant)
     if args.results:
         return work, args.results
-    return work, work / "results" if args.smoke else results / "full" if variant else results
+    return work, work / "results" if args.smoke else results / "-".join(parts) if parts else results
 
 
 def _without_steps(key: dict[str, Any], group: str) -> dict[str, Any]:

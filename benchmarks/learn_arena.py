@@ -31,6 +31,14 @@ question in its given order and N - 1 random orders of its references (the gold 
 take the turns of one that runs out (HotpotQA's and MuSiQue's train files hold ~35 and ~27 usable questions after
 GRPO's, 2Wiki's ~390).
 
+``--world`` (a deviation: the paper trains on the real files) runs the same stages on a synthetic world whose questions
+carry their references (:mod:`sleuth.data.synth`, ``WORLD``: 2-hop questions, the two supporting documents and two
+lookalike distractors, ~430 prompt tokens): thousands of train questions at about half a real one's cost each, for
+warm starts of a size the train files cannot give (the real ones fit their own questions' relevance lists and cite
+held-out ones at chance: ``docs/training.md``). Test and dev are the world's (as many questions as the dev files
+give); with ``--probe-only`` the dev files' test and dev slices are probed as well (``real test``, ``real dev``:
+does what the world taught carry over?).
+
 Does a reader read? Citation recall rises only if the model's citations beat chance, and a reader citing at chance
 gives GRPO's relevance term luck to reinforce. Two checks, in every report: the sampled citations of each GRPO step
 against as many references drawn at random (:func:`citation_chance`), and, without sampling, the teacher-forced
@@ -55,6 +63,7 @@ and ``--train-questions``: the warm start takes the questions after GRPO's) is a
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
     python benchmarks/learn_arena.py --probe-only --results docs/results/learn_arena/probe   # does it read?
     python benchmarks/learn_arena.py --full     # sized for a GPU (FULL below; runs/learn-arena-full, results/full)
+    python benchmarks/learn_arena.py --world --probe-only --format-warmup 500 --warmup-epochs 1   # the world's
 
 Engines. ``--engine`` runs the evaluations on ``hf`` or on a vLLM server sleuth starts on each model (``vllm``, or a
 ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when vLLM is installed (``make vllm``), else
@@ -102,6 +111,20 @@ RESULTS = REPO / "docs" / "results" / "learn_arena"
 TRAIN = ["hotpotqa/hotpotqa_train.json", "2wikimultihopqa/wikihop_train_preprocess.json", "musique/musique_train.json"]
 DEV = ["hotpotqa/hotpot.json", "2wikimultihopqa/wikihop.json", "musique/musique.json"]
 WARMUP_EPOCHS = 2.0  # the warm start's passes over its records (keyed only when another is given)
+OWN_PROBE_MAX = 240  # the own-train-questions probe reads at most this many (every warm start before --world had <=)
+# --world: a synthetic world with the references given (sleuth.data.synth, context=True): 2-hop questions, two
+# lookalike distractors each (4 references, 2 gold), no filler sentences: ~430 prompt tokens against 2Wiki's ~700
+# and HotpotQA's ~1,000, so a warm-start question costs about half; the splits' sizes are fixed (a run takes slices)
+WORLD = {
+    "min_hops": 2,
+    "max_hops": 2,
+    "distractors": 2,
+    "filler_sentences": 0,
+    "context": True,
+    "train_questions": 5000,
+    "dev_questions": 500,
+    "test_questions": 500,
+}
 DEV_OFFSET = 100  # per dev file: the test slice is below, the dev slice from here on
 METRICS = ("em", "f1", "citation_precision", "citation_recall", "format_ok")
 # The claims this benchmark is run to test, on the test split: harness.claims gives each the one-sided exact test
@@ -156,6 +179,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             f"--dev-questions is at most {200 - DEV_OFFSET} (the dev files hold 200 questions each)"
         )
     return {
+        **({"world": {**WORLD, "seed": args.seed}} if args.world else {}),
         "eval": {
             "test_per_file": sizes["test"],
             "dev_per_file": sizes["dev"],
@@ -721,6 +745,14 @@ def main() -> None:
         help="no evaluation and no GRPO: the teacher-forced citation preference (citation_preference) of the base "
         "(unless --skip-base) and warm-start models on the splits, the results directory's results.md/.json",
     )
+    parser.add_argument(
+        "--world",
+        action="store_true",
+        help="train and evaluate on a synthetic world with given references (WORLD: 2-hop questions, 4 references, "
+        "~430 prompt tokens) instead of the dev and train files; --test/--dev-questions x 3 of its test and dev "
+        "questions (as many as the dev files give); with --probe-only also the dev files' slices (transfer). "
+        "Default work and results: runs/learn-arena-world, results/world",
+    )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument(
         "--rollout-batch",
@@ -768,10 +800,32 @@ def main() -> None:
     agent_key = dataclasses.asdict(agent)
     dev_files = [str(DATA / f) for f in DEV]
     train_files = [str(DATA / f) for f in TRAIN]
+    train_names: Any = TRAIN  # what the stage keys name as the training data
     e = s["eval"]
     slices = {"test": (e.get("test_start", 0), e["test_per_file"]), "dev": (e["dev_offset"], e["dev_per_file"])}
     slices = {split: (start, count) for split, (start, count) in slices.items() if count}
     splits = {split: slice_questions(dev_files, start, count) for split, (start, count) in slices.items()}
+    split_keys = {split: {"files": DEV, "start": start, "per_file": count} for split, (start, count) in slices.items()}
+    if args.world:
+        world = exp.work / "world"
+
+        def make_world() -> dict[str, Any]:
+            from sleuth.data.synth import synthesize
+
+            if not (world / "world.json").exists():
+                synthesize(world, **s["world"])
+            return {"world": str(world)}
+
+        exp.stage("world", s["world"], make_world)
+        train_files, train_names = [str(world / "train.jsonl")], {"world": s["world"], "file": "train"}
+        real = {f"real {split}": (splits[split], split_keys[split]) for split in splits if args.probe_only}
+        splits, split_keys = {}, {}
+        for split, (start, count) in slices.items():  # the same number of questions as the dev files would give
+            first, n = (start if split == "test" else 0) * len(DEV), count * len(DEV)
+            splits[split] = slice_questions([str(world / f"{split}.jsonl")], first, n)
+            split_keys[split] = {"files": {"world": s["world"], "file": split}, "start": first, "per_file": n}
+        for split, (examples, key) in real.items():  # does what the world taught carry over to the dev files?
+            splits[split], split_keys[split] = examples, key
     evaluations: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in slices}
     trial_settings = {**s, "agent": agent_key, "engine": args.engine, "rollouts": args.rollouts}
     declared = None
@@ -785,18 +839,17 @@ def main() -> None:
         raise SystemExit(f"--probe-only would overwrite {written}, a full run's report: pass --results DIR")
     base = base_model(args.smoke, exp.work)
 
-    probes: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in slices}
+    probes: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in splits}
 
     def eval_key(model: Path, split: str) -> dict[str, Any]:
-        start, count = slices[split]
-        return {"model": str(model), "files": DEV, "start": start, "per_file": count, "agent": agent_key}
+        return {"model": str(model), **split_keys[split], "agent": agent_key}
 
     def measure(stage: str, model: Path) -> None:
         for split, examples in splits.items():
             key = eval_key(model, split)
             probes[split][stage] = exp.evaluate(
                 stage,
-                f"{split}-preference",
+                f"{split.replace(' ', '-')}-preference",
                 {**key, "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed}},
                 lambda examples=examples: citation_preference(
                     model, examples, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed
@@ -817,7 +870,7 @@ def main() -> None:
             continue
         probes[split]["base: question likelihood"] = exp.evaluate(  # does the base know the references? (probe-only)
             "base",
-            f"{split}-likelihood",
+            f"{split.replace(' ', '-')}-likelihood",
             {
                 **eval_key(base, split),
                 "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed, "prompt": LIKELIHOOD_PROMPT},
@@ -832,7 +885,7 @@ def main() -> None:
     warm: dict[str, Any] | None = None
     if s["warmup"]["questions"]:
         w = s["warmup"]
-        warm_key = {"base": str(base), "files": TRAIN, "warmup": w, "agent": agent_key, "seed": args.seed}
+        warm_key = {"base": str(base), "files": train_names, "warmup": w, "agent": agent_key, "seed": args.seed}
 
         def warm_start() -> dict[str, Any]:
             out = exp.stage_dir("warmup", warm_key)
@@ -859,7 +912,7 @@ def main() -> None:
         if args.probe_only:  # does the warm start prefer the gold block on the questions it was trained on?
             trained = [
                 e for e, _ in warmup_questions(train_files, w["after"], w["questions"], agent, w.get("fill", False))
-            ]
+            ][:OWN_PROBE_MAX]
             split = "warm start's own train questions"
             probes[split] = {"word overlap": overlap_preference(trained, agent, PREFERENCE_LISTS, args.seed)}
             for stage, model in ([] if args.skip_base else [("base", base)]) + [("warm start", start)]:
@@ -868,9 +921,10 @@ def main() -> None:
                     "train-preference",
                     {
                         "model": str(model),
-                        "files": TRAIN,
+                        "files": train_names,
                         "after": w["after"],
                         "questions": w["questions"],
+                        **({"first": OWN_PROBE_MAX} if w["questions"] > OWN_PROBE_MAX else {}),
                         **({"fill": True} if w.get("fill") else {}),
                         "agent": agent_key,
                         "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed},
@@ -883,7 +937,7 @@ def main() -> None:
         write_probe(exp, probes, trial_settings, args.seed)
         return
 
-    grpo_key = {"model": str(start), "files": TRAIN, "grpo": s["grpo"], "agent": agent_key, "seed": args.seed}
+    grpo_key = {"model": str(start), "files": train_names, "grpo": s["grpo"], "agent": agent_key, "seed": args.seed}
 
     def train() -> dict[str, Any]:
         out = exp.stage_dir("grpo", grpo_key)
@@ -937,15 +991,27 @@ def main() -> None:
         )
     models = {stage: short(ev["model"]) for stage, ev in test.items()}
     g = s["grpo"]
-    lines = exp.header(
-        "Learning benchmark: ARENA GRPO (LoRA) on the multi-hop train files",
-        f"Test (held out): questions {slices['test'][0] + 1}-{sum(slices['test'])} of each dev file "
-        f"({len(splits['test'])} in all); "
-        + (
-            f"dev: {e['dev_per_file']} per dev file from question {e['dev_offset'] + 1} on ({len(splits['dev'])}). "
-            if "dev" in splits
-            else "no dev split. "
+    if args.world:
+        held_out = (
+            f"Test (held out): questions {split_keys['test']['start'] + 1}-"
+            f"{split_keys['test']['start'] + len(splits['test'])} of the synthetic world's test split (`--world`, "
+            f"entities disjoint from train's); dev: the first {len(splits.get('dev', []))} of its dev split. "
         )
+    else:
+        held_out = (
+            f"Test (held out): questions {slices['test'][0] + 1}-{sum(slices['test'])} of each dev file "
+            f"({len(splits['test'])} in all); "
+            + (
+                f"dev: {e['dev_per_file']} per dev file from question {e['dev_offset'] + 1} on "
+                f"({len(splits['dev'])}). "
+                if "dev" in splits
+                else "no dev split. "
+            )
+        )
+    lines = exp.header(
+        "Learning benchmark: ARENA GRPO (LoRA) on "
+        + ("a synthetic world with given references" if args.world else "the multi-hop train files"),
+        held_out
         + ("The base model is not evaluated (--skip-base). " if args.skip_base else "")
         + (
             f"Declared in `declaration.json` ({declared['declared_at']}, commit {declared['commit'][:10]}) before "

@@ -634,6 +634,10 @@ def test_full_sets_the_gpu_sizes_as_defaults_and_a_given_flag_still_wins(monkeyp
     assert run_dirs("learn_x", parse("--full", "--work", "/w"), results) == (Path("/w"), results / "full")
     with pytest.raises(SystemExit):
         parse("--smoke", "--full")
+    world = argparse.Namespace(smoke=False, full=True, world=True, work=None, results=None)  # learn_arena --world
+    assert run_dirs("learn_x", world, results) == (Path("/elsewhere/learn-x-full-world"), results / "full-world")
+    named = argparse.Namespace(smoke=False, world="pilot", work=None, results=None)  # learn_s3's --world NAME
+    assert run_dirs("learn_x", named, results) == (Path("/elsewhere/learn-x"), results)
 
 
 def _model(path: Path, weights: bytes) -> Path:
@@ -1268,3 +1272,38 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
     refused = run("--seed", "1")
     assert refused.returncode != 0 and "declares another test" in refused.stderr
+
+
+@pytest.mark.slow
+def test_learn_arena_world_trains_and_evaluates_on_the_synthetic_world(tmp_path: Path) -> None:
+    """benchmarks/learn_arena.py --smoke --world end to end (tiny random model, hf): the warm start, GRPO and the
+    evaluations read the synthetic world's splits, never the dev files; --probe-only adds the dev files' slices."""
+    import subprocess
+
+    from sleuth.data import load_examples
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "learn_arena.py"
+    work, results = tmp_path / "work", tmp_path / "results"
+    args = [sys.executable, str(script), "--smoke", "--world", "--work", str(work), "--skip-base"]
+    done = subprocess.run([*args, "--results", str(results)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((results / "results.json").read_text())
+    trained = load_examples(work / "world" / "train.jsonl", limit=8)
+    test = written["evaluations"]["test"]["GRPO"]
+    assert test["key"]["files"]["file"] == "test" and len(test["per_example"]["em"]) == 6  # 2 x 3, as the files
+    assert test["key"]["files"]["world"]["context"] and written["evaluations"]["dev"]["GRPO"]["key"]["start"] == 0
+    records = next(work.glob("warmup-*/records.jsonl")).read_text().splitlines()
+    asked = [json.loads(r)["messages"][0]["content"] for r in records]  # the world's train questions after GRPO's 4
+    assert len(asked) == 4 and all(e.question in a for e, a in zip(trained[4:], asked, strict=True))
+    assert "synthetic world's test split" in (results / "results.md").read_text()
+    probe = tmp_path / "probe"
+    args += ["--probe-only", "--results", str(probe)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    probed = json.loads((probe / "results.json").read_text())["citation_preference"]
+    assert set(probed) == {"test", "dev", "real test", "real dev", "warm start's own train questions"}
+    assert (
+        probed["test"]["warm start"]["per_example"]
+        == written["citation_preference"]["test"]["warm start"]["per_example"]
+    )  # the full run's probe, read back by its key
+    assert len(probed["real test"]["warm start"]["per_example"]["preference"]) > 0
