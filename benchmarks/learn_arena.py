@@ -995,7 +995,8 @@ def main() -> None:
         held_out = (
             f"Test (held out): questions {split_keys['test']['start'] + 1}-"
             f"{split_keys['test']['start'] + len(splits['test'])} of the synthetic world's test split (`--world`, "
-            f"entities disjoint from train's); dev: the first {len(splits.get('dev', []))} of its dev split. "
+            f"entities disjoint from train's); "
+            + (f"dev: the first {len(splits['dev'])} of its dev split. " if "dev" in splits else "no dev split. ")
         )
     else:
         held_out = (
