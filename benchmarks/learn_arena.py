@@ -977,7 +977,8 @@ def main() -> None:
 
     test = evaluations["test"]
     curve = {m: [(stage, ev["ci"][m]) for stage, ev in test.items()] for m in METRICS if m != "format_ok"}
-    plot(curve, exp.results / "curve.png", "test (%)", "ARENA GRPO on the dev files' held-out questions (95% CI)")
+    where = "the world's test questions" if args.world else "the dev files' held-out questions"
+    plot(curve, exp.results / "curve.png", "test (%)", f"ARENA GRPO on {where} (95% CI)")
     curves = Path(grpo["dir"]) / "curves.png"
     if curves.exists():
         (exp.results / "curves.png").write_bytes(curves.read_bytes())
