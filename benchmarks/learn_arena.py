@@ -807,16 +807,7 @@ def main() -> None:
     splits = {split: slice_questions(dev_files, start, count) for split, (start, count) in slices.items()}
     split_keys = {split: {"files": DEV, "start": start, "per_file": count} for split, (start, count) in slices.items()}
     if args.world:
-        world = exp.work / "world"
-
-        def make_world() -> dict[str, Any]:
-            from sleuth.data.synth import synthesize
-
-            if not (world / "world.json").exists():
-                synthesize(world, **s["world"])
-            return {"world": str(world)}
-
-        exp.stage("world", s["world"], make_world)
+        world, _ = exp.synthetic_world(s["world"])  # its BM25 index is built and unused: the references are given
         train_files, train_names = [str(world / "train.jsonl")], {"world": s["world"], "file": "train"}
         real = {f"real {split}": (splits[split], split_keys[split]) for split in splits if args.probe_only}
         splits, split_keys = {}, {}

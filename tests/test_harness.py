@@ -1288,7 +1288,7 @@ def test_learn_arena_world_trains_and_evaluates_on_the_synthetic_world(tmp_path:
     done = subprocess.run([*args, "--results", str(results)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     written = json.loads((results / "results.json").read_text())
-    trained = load_examples(work / "world" / "train.jsonl", limit=8)
+    trained = load_examples(next(work.glob("world-*")) / "train.jsonl", limit=8)
     test = written["evaluations"]["test"]["GRPO"]
     assert test["key"]["files"]["file"] == "test" and len(test["per_example"]["em"]) == 6  # 2 x 3, as the files
     assert test["key"]["files"]["world"]["context"] and written["evaluations"]["dev"]["GRPO"]["key"]["start"] == 0
