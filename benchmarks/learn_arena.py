@@ -111,6 +111,7 @@ RESULTS = REPO / "docs" / "results" / "learn_arena"
 TRAIN = ["hotpotqa/hotpotqa_train.json", "2wikimultihopqa/wikihop_train_preprocess.json", "musique/musique_train.json"]
 DEV = ["hotpotqa/hotpot.json", "2wikimultihopqa/wikihop.json", "musique/musique.json"]
 WARMUP_EPOCHS = 2.0  # the warm start's passes over its records (keyed only when another is given)
+WARMUP_SAVE_STEPS = 25  # a checkpoint every 200 records (~15 min of a world warm start): warm starts span sessions
 OWN_PROBE_MAX = 240  # the own-train-questions probe reads at most this many (every warm start before --world had <=)
 # --world: a synthetic world with the references given (sleuth.data.synth, context=True): 2-hop questions, two
 # lookalike distractors each (4 references, 2 gold), no filler sentences: ~430 prompt tokens against 2Wiki's ~700
@@ -661,7 +662,8 @@ def format_warmup(
     fill: bool = False,
 ) -> Path:
     """Fine-tune ``base`` on :func:`warmup_records` (``count`` train questions after the first ``skip`` of each file,
-    ``shuffles`` orders each) for ``epochs``; returns the merged model, ``out/model`` (resumes a killed run)."""
+    ``shuffles`` orders each) for ``epochs``; returns the merged model, ``out/model`` (a killed run resumes from its
+    last checkpoint, every ``WARMUP_SAVE_STEPS`` optimizer steps)."""
     from sleuth.train.sft import SFTConfig, SFTSource, train_sft
 
     model = out / "model"
@@ -682,7 +684,7 @@ def format_warmup(
         batch_size=8,
         per_device_batch_size=2,
         warmup_ratio=0.1,
-        save_steps=1000,
+        save_steps=WARMUP_SAVE_STEPS,
         logging_steps=2,
         gradient_checkpointing=False,
     ).validate()
