@@ -299,6 +299,42 @@ def test_arena_warmup_records_with_shuffles_move_the_gold_numbers_with_their_ref
     assert len({r["messages"][0]["content"] for r in shuffled}) > 4  # the orders differ
 
 
+def test_arena_warmup_cites_in_hop_order_when_asked_and_ascending_by_default() -> None:
+    """learn_arena.cited_numbers: ascending by default (arena.md §3.5); ``hops`` follows the gold decomposition (the
+    named entity's reference first), then any supporting reference no step names; the warm-start target's relevance
+    list and analysis follow it, and R_rel scores both orders alike (sets)."""
+    from learn_arena import cited_numbers, warmup_target
+
+    from sleuth.records import Example, Passage
+    from sleuth.train.rewards import arena_relevance_reward
+
+    refs = [Passage(id=f"p{i}", title=f"T{i}", text=f"Entity {i} is a thing. More.") for i in range(1, 6)]
+    example = Example(
+        id="q",
+        question="Which country is the city of Entity 4 in?",
+        answers=["Dibuskund"],
+        context=refs,
+        supporting_ids=["p2", "p4", "p5"],
+        decomposition=[
+            {"question": "Where is Entity 4?", "supporting_ids": ["p4"]},
+            {"question": "Which country is #1 in?", "supporting_ids": ["p2", "p9"]},  # p9 is not shown
+            {"question": "compare", "supporting_ids": []},
+        ],
+    )
+    assert cited_numbers(example, refs) == [2, 4, 5]
+    assert cited_numbers(example, refs, "hops") == [4, 2, 5]
+    assert cited_numbers(example, refs[:4], "hops") == [4, 2]  # a cut-off reference is not cited
+    no_steps = Example(id="r", question="?", answers=["x"], context=refs, supporting_ids=["p3", "p1"])
+    assert cited_numbers(no_steps, refs, "hops") == [1, 3]  # no decomposition: ascending
+    target = warmup_target(example, refs, "hops")
+    assert target.startswith("<relevance>\n[4, 2, 5]\n</relevance>")
+    assert target.index("Reference [4]") < target.index("Reference [2]") < target.index("Reference [5]")
+    assert arena_relevance_reward(target, {2, 4, 5}) == arena_relevance_reward(warmup_target(example, refs), {2, 4, 5})
+    assert arena_relevance_reward(target, {2, 4, 5}) == 1.0
+    with pytest.raises(ValueError, match="order"):
+        cited_numbers(example, refs, "random")
+
+
 def test_arena_warmup_questions_fill_the_turns_of_a_train_file_that_runs_out() -> None:
     """On the real train files HotpotQA's and MuSiQue's usable questions after GRPO's 60 run out before 40 rounds:
     without fill 120 turns give fewer questions; with fill 2Wiki takes the empty turns, the same questions first."""
