@@ -58,14 +58,16 @@ Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resu
 differs from another only in ``--steps`` continues that run's furthest checkpoint at or below its own step count:
 ``--steps 10`` after ``--steps 4`` trains 6 new steps, :func:`harness.continue_online_rl`), while a changed setting of
 the warm start (``--format-warmup``, ``--warmup-lr``, ``--warmup-shuffles``, ``--warmup-epochs``, ``--warmup-fill``,
-and ``--train-questions``: the warm start takes the questions after GRPO's) is an error naming the files to remove
-(results of two settings are never mixed): give each warm start its own ``--work``.
+``--warmup-order`` and ``--train-questions``: the warm start takes the questions after GRPO's) is an error naming the
+files to remove (results of two settings are never mixed): give each warm start its own ``--work``.
 
     python benchmarks/learn_arena.py            # 4 steps: about 2 hours on 2 CPU cores from the base model (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
     python benchmarks/learn_arena.py --probe-only --results docs/results/learn_arena/probe   # does it read?
     python benchmarks/learn_arena.py --full     # sized for a GPU (FULL below; runs/learn-arena-full, results/full)
     python benchmarks/learn_arena.py --world --probe-only --format-warmup 500 --warmup-epochs 1   # the world's
+    python benchmarks/learn_arena.py --world --probe-only --skip-base --format-warmup 2000 --warmup-epochs 1 \
+        --warmup-order hops --work $SLEUTH_HOME/runs/learn-arena-world2000-hops   # hop-order citations (~2 h)
 
 Engines. ``--engine`` runs the evaluations on ``hf`` or on a vLLM server sleuth starts on each model (``vllm``, or a
 ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when vLLM is installed (``make vllm``), else
