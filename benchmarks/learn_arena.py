@@ -593,14 +593,17 @@ def cited_numbers(example: Any, references: list[Any], order: str = "sorted") ->
     the question names first, then the one its answer leads to), the rest ascending; R_rel compares sets, so both
     score alike. Sorted, the first number asks for the lowest relevant place, which a reader can only guess (1 is
     the likeliest); in hop order it is the reference whose words the question shares."""
-    shown = {p.id: i for i, p in enumerate(references, 1)}
-    gold = sorted({shown[pid] for pid in example.supporting_ids if pid in shown})
+    if order not in ("sorted", "hops"):
+        raise ValueError(f"order={order!r}; expected 'sorted' or 'hops'")
+    supporting = set(example.supporting_ids)
+    gold = [i for i, p in enumerate(references, 1) if p.id in supporting]  # a passage shown twice: both places
     if order == "sorted":
         return gold
-    if order != "hops":
-        raise ValueError(f"order={order!r}; expected 'sorted' or 'hops'")
+    places: dict[str, list[int]] = {}
+    for i, p in enumerate(references, 1):
+        places.setdefault(p.id, []).append(i)
     steps = [pid for step in example.decomposition or [] for pid in step.get("supporting_ids") or []]
-    first = list(dict.fromkeys(shown[pid] for pid in steps if pid in shown and shown[pid] in gold))
+    first = list(dict.fromkeys(i for pid in steps for i in places.get(pid, []) if i in gold))
     return first + [i for i in gold if i not in first]
 
 

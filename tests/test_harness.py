@@ -326,6 +326,8 @@ def test_arena_warmup_cites_in_hop_order_when_asked_and_ascending_by_default() -
     assert cited_numbers(example, refs[:4], "hops") == [4, 2]  # a cut-off reference is not cited
     no_steps = Example(id="r", question="?", answers=["x"], context=refs, supporting_ids=["p3", "p1"])
     assert cited_numbers(no_steps, refs, "hops") == [1, 3]  # no decomposition: ascending
+    twice = [*refs[:4], refs[1]]  # p2 shown again as reference 5: cited at both places, in either order
+    assert cited_numbers(example, twice) == [2, 4, 5] and cited_numbers(example, twice, "hops") == [4, 2, 5]
     target = warmup_target(example, refs, "hops")
     assert target.startswith("<relevance>\n[4, 2, 5]\n</relevance>")
     assert target.index("Reference [4]") < target.index("Reference [2]") < target.index("Reference [5]")
