@@ -291,7 +291,9 @@ def citation_chance(rollouts: list[Any]) -> dict[str, float]:
     relevance P(exact set) + 0.5 P(other overlap)); means over those episodes. A reader whose citations sit at
     chance gives GRPO's relevance term luck to reinforce, not a reading of the references. ``recall_overlap``: the
     recall of as many references picked by :func:`overlap_order` (shared words with the question), what a reader
-    that only matches words would cite."""
+    that only matches words would cite. ``cites_one``: over the episodes whose gold numbers lack reference 1, the
+    share that cite it (a reader guessing the first number cites it whatever the question; absent when every
+    episode's gold numbers hold 1)."""
     from math import comb
 
     sums = dict.fromkeys(
@@ -306,7 +308,7 @@ def citation_chance(rollouts: list[Any]) -> dict[str, float]:
         ),
         0.0,
     )
-    episodes = cited = 0
+    episodes = cited = lacking = citing_one = 0
     for rollout in rollouts:
         meta, example = rollout.trace.meta, rollout.trace.example
         shown = list(meta.get("reference_ids") or [])
@@ -318,6 +320,9 @@ def citation_chance(rollouts: list[Any]) -> dict[str, float]:
         picked = {i for i in meta.get("relevance") or [] if isinstance(i, int) and 1 <= i <= n}
         k = len(picked)
         episodes += 1
+        if 1 not in gold:
+            lacking += 1
+            citing_one += 1 in picked
         sums["recall"] += len(picked & gold) / g
         sums["recall_chance"] += k / n
         passages = {p.id: p for p in example.context}
@@ -335,6 +340,8 @@ def citation_chance(rollouts: list[Any]) -> dict[str, float]:
         return {"episodes": 0}
     means = {key: value / episodes for key, value in sums.items() if not key.startswith("precision")}
     means.update({key: sums[key] / cited if cited else 0.0 for key in ("precision", "precision_chance")})
+    if lacking:
+        means["cites_one"] = citing_one / lacking
     return {"episodes": episodes, "cited": cited, **means}
 
 
@@ -367,8 +374,8 @@ def overlap_counts(question: str, texts: list[str]) -> list[int]:
 def citation_table(steps: list[dict[str, Any]]) -> list[str]:
     """Markdown rows of each step's :func:`citation_chance`."""
     head = "| step | episodes | citing | recall | chance | word overlap | precision | chance | relevance reward | "
-    head += "chance |"
-    lines = [head, "|---" * 10 + "|"]
+    head += "chance | cites 1 where not gold |"
+    lines = [head, "|---" * 11 + "|"]
     for row in steps:
         c = row["citations"]
         if not c.get("episodes"):
@@ -376,7 +383,87 @@ def citation_table(steps: list[dict[str, Any]]) -> list[str]:
         cells = [str(row["step"]), str(c["episodes"]), str(c["cited"])]
         keys = ("recall", "recall_chance", "recall_overlap", "precision", "precision_chance")
         cells += [f"{c[k]:.3f}" if k in c else "–" for k in keys]
-        cells += [f"{c[k]:.3f}" for k in ("relevance", "relevance_chance")]
+        cells += [f"{c[k]:.3f}" if k in c else "–" for k in ("relevance", "relevance_chance", "cites_one")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+PREFERENCE_LISTS = 4  # random relevance lists each gold one is compared with
+
+
+def citation_outcomes(rollouts: list[Any]) -> dict[str, dict[str, float]]:
+    """A GRPO run's episodes with a supporting reference shown, by how their cited numbers meet the gold ones:
+    ``exact`` (the same set), ``partial`` (some gold among them), ``disjoint`` (none), ``none`` (nothing cited);
+    per class the episodes and their mean accuracy reward. A reward that rises with the match is what GRPO's
+    accuracy term and relevance term reinforce together; a flat one, citations GRPO cannot learn from accuracy."""
+    classes: dict[str, list[float]] = {"exact": [], "partial": [], "disjoint": [], "none": []}
+    for rollout in rollouts:
+        meta, example = rollout.trace.meta, rollout.trace.example
+        shown = list(meta.get("reference_ids") or [])
+        support = set(example.supporting_ids)
+        gold = {i for i, ref in enumerate(shown, 1) if ref in support}
+        if not gold:
+            continue
+        picked = {i for i in meta.get("relevance") or [] if isinstance(i, int) and 1 <= i <= len(shown)}
+        match = "none" if not picked else "exact" if picked == gold else "partial" if picked & gold else "disjoint"
+        classes[match].append(float((rollout.extra.get("components") or {}).get("accuracy", 0.0)))
+    return {
+        match: {"episodes": len(values), "accuracy": sum(values) / len(values) if values else 0.0}
+        for match, values in classes.items()
+    }
+
+
+def outcome_table(outcomes: dict[str, dict[str, float]]) -> list[str]:
+    """Markdown rows of :func:`citation_outcomes`."""
+    lines = ["| cited numbers against the gold ones | episodes | mean accuracy reward |", "|---|---|---|"]
+    for match, row in outcomes.items():
+        accuracy = f"{row['accuracy']:.3f}" if row["episodes"] else "–"
+        lines.append(f"| {match} | {row['episodes']:.0f} | {accuracy} |")
+    return lines
+
+
+def citation_by_place(
+    examples: list[Any],
+    agent: Any,
+    recall: dict[str, list[float]],
+    preference: dict[str, list[float]],
+    lists: int = PREFERENCE_LISTS,
+    seed: int = 0,
+) -> list[str]:
+    """Markdown rows: per set of places the supporting references hold among those shown (the gold numbers, as
+    :func:`cited_numbers` sorts them: ``1, 3`` for references 1 and 3), the questions and each stage's mean citation
+    recall (``recall``: stage -> per-question values in ``examples``' order, a greedy evaluation) and teacher-forced
+    preference (``preference``: stage -> per-question values of :func:`preference_jobs`' questions, a
+    :func:`citation_preference`); then the same over the questions whose gold numbers hold reference 1 and those
+    whose do not. A reader that reads is as good where reference 1 is not gold as where it is; one that guesses
+    the first number as 1 is good only where it is."""
+    jobs, _ = preference_jobs(examples, agent, lists, seed)
+    probed = {example.id: i for i, (example, _, _) in enumerate(jobs)}
+    places: list[tuple[int, ...]] = []
+    for example in examples:
+        references = list(example.context)[: agent.max_references]
+        places.append(tuple(cited_numbers(example, references)))
+    groups: dict[str, list[int]] = {}
+    for i, place in enumerate(places):
+        if place:
+            groups.setdefault(", ".join(map(str, place)), []).append(i)
+    ordered = sorted(groups.items(), key=lambda item: (len(places[item[1][0]]), places[item[1][0]]))
+    ordered += [
+        (label, [i for i, place in enumerate(places) if place and (1 in place) == holds])
+        for label, holds in (("holds 1", True), ("lacks 1", False))
+    ]
+    head = ["gold places", "questions"] + [f"{stage}: recall" for stage in recall]
+    head += [f"{stage}: preference" for stage in preference]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+    def mean(values: list[float]) -> str:
+        return f"{sum(values) / len(values):.3f}" if values else "–"
+
+    for label, members in ordered:
+        cells = [f"**{label}**" if label.startswith(("holds", "lacks")) else label, str(len(members))]
+        cells += [mean([values[i] for i in members]) for values in recall.values()]
+        jobs_in = [probed[examples[i].id] for i in members if examples[i].id in probed]
+        cells += [mean([values[j] for j in jobs_in]) for values in preference.values()]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -556,7 +643,6 @@ def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0
     return lines
 
 
-PREFERENCE_LISTS = 4  # random relevance lists each gold one is compared with
 # the hf engine scores; a batch holds 8 prompts' 5 blocks each, so a prompt's blocks share one pass over it
 # (HFLLM._score_shared); batches of 8 rows would split a prompt's blocks over two passes
 PROBE_OPTIONS = f"threads=2&max_batch={8 * (PREFERENCE_LISTS + 1)}"
@@ -572,9 +658,44 @@ PREFERENCE_TEXT = (
 )
 
 
-def write_probe(exp: Any, probes: dict[str, dict[str, dict[str, Any]]], settings: dict[str, Any], seed: int) -> None:
+PLACE_TEXT = (
+    "By gold places (`citation_by_place`): the questions grouped by the places their supporting references hold "
+    "among those shown, then by whether those hold reference 1; per stage the mean citation recall and the "
+    "teacher-forced preference above. A reader that reads does as well where reference 1 is not gold as where it is."
+)
+
+
+def place_tables(
+    probes: dict[str, dict[str, dict[str, Any]]],
+    examples: dict[str, list[Any]],
+    agent: Any,
+    seed: int,
+    evaluations: dict[str, dict[str, dict[str, Any]]] | None = None,
+) -> list[str]:
+    """:func:`citation_by_place` of each split in ``examples``: its ``evaluations``' citation recall (when given) and
+    its ``probes``' preference, each under a heading."""
+    lines: list[str] = []
+    for split, questions in examples.items():
+        recall = {
+            stage: ev["per_example"]["citation_recall"] for stage, ev in (evaluations or {}).get(split, {}).items()
+        }
+        preference = {stage: probe["per_example"]["preference"] for stage, probe in probes.get(split, {}).items()}
+        lines += [f"**{split}**", "", *citation_by_place(questions, agent, recall, preference, PREFERENCE_LISTS, seed)]
+        lines.append("")
+    return lines
+
+
+def write_probe(
+    exp: Any,
+    probes: dict[str, dict[str, dict[str, Any]]],
+    settings: dict[str, Any],
+    seed: int,
+    examples: dict[str, list[Any]],
+    agent: Any,
+) -> None:
     """``--probe-only``'s report: ``results.md`` and ``results.json`` (``probe_only``: true) in the results directory,
-    where later runs find its evaluations by key like any committed ones."""
+    where later runs find its evaluations by key like any committed ones; ``examples``: each split's questions, for
+    the by-place tables (:func:`place_tables`)."""
     table = preference_table(probes, seed)
     skipped = [
         f"- {split} {stage}: skipped {probe['skipped']}, model `{short(probe['model']) or 'none'}`"
@@ -582,7 +703,8 @@ def write_probe(exp: Any, probes: dict[str, dict[str, dict[str, Any]]], settings
         for stage, probe in stages.items()
     ]
     lines = exp.header("ARENA: teacher-forced citation preference", PREFERENCE_TEXT)
-    lines += [*table, "", *skipped, "", exp.seconds_line(), "", *settings_block(settings)]
+    lines += [*table, "", *skipped, "", PLACE_TEXT, "", *place_tables(probes, examples, agent, seed)]
+    lines += [exp.seconds_line(), "", *settings_block(settings)]
     exp.write({"probe_only": True, "settings": settings, "citation_preference": probes}, "\n".join(lines) + "\n")
     print("\n".join(table), flush=True)
 
@@ -682,28 +804,15 @@ def warmup_records(
 
 
 def format_warmup(
-    base: Path,
-    files: list[str],
-    skip: int,
-    count: int,
-    agent: Any,
-    out: Path,
-    lr: float,
-    shuffles: int = 1,
-    seed: int = 0,
-    epochs: float = WARMUP_EPOCHS,
-    fill: bool = False,
-    order: str = "sorted",
+    base: Path, records: list[dict[str, Any]], out: Path, lr: float, epochs: float = WARMUP_EPOCHS
 ) -> Path:
-    """Fine-tune ``base`` on :func:`warmup_records` (``count`` train questions after the first ``skip`` of each file,
-    ``shuffles`` orders each) for ``epochs``; returns the merged model, ``out/model`` (a killed run resumes from its
-    last checkpoint, every ``WARMUP_SAVE_STEPS`` optimizer steps)."""
+    """Fine-tune ``base`` on the chat ``records`` (:func:`warmup_records`) for ``epochs``; returns the merged model,
+    ``out/model`` (a killed run resumes from its last checkpoint, every ``WARMUP_SAVE_STEPS`` optimizer steps)."""
     from sleuth.train.sft import SFTConfig, SFTSource, train_sft
 
     model = out / "model"
     if (model / "config.json").exists():
         return model
-    records = warmup_records(files, skip, count, agent, shuffles, seed, fill, order)
     out.mkdir(parents=True, exist_ok=True)
     data = out / "records.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -874,6 +983,7 @@ def main() -> None:
     base = base_model(args.smoke, exp.work)
 
     probes: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in splits}
+    probed = dict(splits)  # each probed split's questions
 
     def eval_key(model: Path, split: str) -> dict[str, Any]:
         return {"model": str(model), **split_keys[split], "agent": agent_key}
@@ -924,22 +1034,18 @@ def main() -> None:
         def warm_start() -> dict[str, Any]:
             out = exp.stage_dir("warmup", warm_key)
             shuffles = w.get("shuffles", 1)
-            model = format_warmup(
-                base,
+            records = warmup_records(
                 train_files,
                 w["after"],
                 w["questions"],
                 agent,
-                out,
-                w["lr"],
                 shuffles,
                 args.seed,
-                w.get("epochs", WARMUP_EPOCHS),
                 w.get("fill", False),
                 w.get("order", "sorted"),
             )
-            records = len((out / "records.jsonl").read_text().splitlines())
-            return {"model": str(model), "records": records, "questions": records // shuffles}
+            model = format_warmup(base, records, out, w["lr"], w.get("epochs", WARMUP_EPOCHS))
+            return {"model": str(model), "records": len(records), "questions": len(records) // shuffles}
 
         warm = exp.stage("warmup", warm_key, warm_start)
         start = Path(warm["model"])
@@ -949,6 +1055,7 @@ def main() -> None:
                 e for e, _ in warmup_questions(train_files, w["after"], w["questions"], agent, w.get("fill", False))
             ][:OWN_PROBE_MAX]
             split = "warm start's own train questions"
+            probed[split] = trained
             probes[split] = {"word overlap": overlap_preference(trained, agent, PREFERENCE_LISTS, args.seed)}
             for stage, model in ([] if args.skip_base else [("base", base)]) + [("warm start", start)]:
                 probes[split][stage] = exp.evaluate(
@@ -969,7 +1076,7 @@ def main() -> None:
                     ),
                 )
     if args.probe_only:
-        write_probe(exp, probes, trial_settings, args.seed)
+        write_probe(exp, probes, trial_settings, args.seed, probed, agent)
         return
 
     grpo_key = {"model": str(start), "files": train_names, "grpo": s["grpo"], "agent": agent_key, "seed": args.seed}
@@ -1021,10 +1128,12 @@ def main() -> None:
     log = grpo["log"]
     step_seconds = sum(r.get("seconds", 0.0) for r in log)  # the steps' own times, also across resumed runs
     steps = rollout_steps(Path(grpo["dir"]), log)
+    episodes = []
     for row in steps:
-        row["citations"] = citation_chance(
-            list(RolloutStore(Path(grpo["dir"]) / "rollouts" / f"step-{row['step']:05d}"))
-        )
+        sampled = list(RolloutStore(Path(grpo["dir"]) / "rollouts" / f"step-{row['step']:05d}"))
+        row["citations"] = citation_chance(sampled)
+        episodes += sampled
+    outcomes = citation_outcomes(episodes)
     models = {stage: short(ev["model"]) for stage, ev in test.items()}
     g = s["grpo"]
     if args.world:
@@ -1083,9 +1192,15 @@ def main() -> None:
         "Sampled citations against chance (`citation_chance`): per episode whose shown references include a "
         "supporting one, the means of citation recall, precision (over episodes citing any) and the relevance "
         "reward, each beside its expectation for as many references drawn at random from those shown; word overlap: "
-        "the recall of as many references ranked by the question words they contain (`overlap_order`).",
+        "the recall of as many references ranked by the question words they contain (`overlap_order`); cites 1 "
+        "where not gold: the share of the episodes whose supporting references lack reference 1 that cite it.",
         "",
         *citation_table(steps),
+        "",
+        "Accuracy by citation (`citation_outcomes`): all steps' episodes with a supporting reference shown, by how "
+        "their cited numbers meet the gold ones.",
+        "",
+        *outcome_table(outcomes),
         "",
         "## Citation preference (teacher-forced)",
         "",
@@ -1093,6 +1208,9 @@ def main() -> None:
         "",
         *preference_table(probes, args.seed),
         "",
+        PLACE_TEXT,
+        "",
+        *place_tables(probes, splits, agent, args.seed, evaluations),
     ]
     if "dev" in evaluations:
         lines += ["## Dev", "", *stage_table(evaluations["dev"], METRICS), ""]
@@ -1110,6 +1228,7 @@ def main() -> None:
             "warmup": warm,
             "training": grpo,
             "steps": steps,
+            "citation_outcomes": outcomes,
             "citation_preference": probes,
             "trials": trials,
             **({"declaration": declared} if declared else {}),

@@ -337,6 +337,49 @@ def test_arena_warmup_cites_in_hop_order_when_asked_and_ascending_by_default() -
         cited_numbers(example, refs, "random")
 
 
+def test_arena_citations_by_place_and_outcome_separate_a_first_number_guesser_from_a_reader() -> None:
+    """learn_arena's diagnosis tables on a reader that always cites [1]: citation_by_place groups questions by their
+    gold places, recall 1 where they hold reference 1 and 0 where not (preference aligned through the probe's
+    questions, a skipped one left out); citation_chance's cites_one is 1 over the episodes lacking it; and
+    citation_outcomes splits the accuracy reward by exact / partial / disjoint / no citation."""
+    from learn_arena import citation_by_place, citation_chance, citation_outcomes, outcome_table
+
+    from sleuth.agents.arena import ArenaConfig
+    from sleuth.records import Example, Passage, Trace
+    from sleuth.train.rollouts import Rollout
+
+    refs = [Passage(id=f"p{i}", title=f"T{i}", text=f"text {i}") for i in range(1, 5)]
+    golds = {"a": ["p1", "p2"], "b": ["p2", "p3"], "c": ["p1", "p3"], "d": ["p9"], "e": ["p3", "p4"]}
+    examples = [Example(id=k, question="q?", answers=["x"], context=refs, supporting_ids=v) for k, v in golds.items()]
+    agent = ArenaConfig(max_references=4)
+    recall = {"warm": [0.5, 0.0, 0.5, 0.0, 0.0]}  # citing [1]: half of a, c; none of b, e; d has no gold shown
+    preference = {"warm": [0.9, 0.2, 0.8, 0.4]}  # the probe's questions: a, b, c, e (d skipped)
+    rows = citation_by_place(examples, agent, recall, preference, lists=4, seed=0)
+    cells = {row.split(" | ")[0].strip("| *"): row.strip("| ").split(" | ")[1:] for row in rows[2:]}
+    assert list(cells) == ["1, 2", "1, 3", "2, 3", "3, 4", "holds 1", "lacks 1"]
+    assert cells["1, 2"] == ["1", "0.500", "0.900"] and cells["3, 4"] == ["1", "0.000", "0.400"]
+    assert cells["holds 1"] == ["2", "0.500", "0.850"] and cells["lacks 1"] == ["2", "0.000", "0.300"]
+
+    def episode(example: Example, cited: list[int], accuracy: float) -> Rollout:
+        meta = {"reference_ids": [r.id for r in refs], "relevance": cited}
+        extra = {"components": {"accuracy": accuracy, "relevance": 0.0}}
+        return Rollout(example.id, example.id, 0, Trace(example, "arena", meta=meta), extra)
+
+    a, b, c, d, e = examples
+    rollouts = [episode(a, [1, 2], 1.0), episode(b, [1], 0.0), episode(e, [1, 3], 1.0), episode(c, [], 0.0)]
+    rollouts += [episode(b, [2, 3], 1.0), episode(d, [1], 1.0)]  # d: no gold shown, counted nowhere
+    assert citation_chance(rollouts)["cites_one"] == pytest.approx(2 / 3)  # b, e, b lack 1; two cite it
+    assert "cites_one" not in citation_chance(rollouts[:1])
+    outcomes = citation_outcomes(rollouts)
+    assert outcomes == {
+        "exact": {"episodes": 2, "accuracy": 1.0},
+        "partial": {"episodes": 1, "accuracy": 1.0},
+        "disjoint": {"episodes": 1, "accuracy": 0.0},
+        "none": {"episodes": 1, "accuracy": 0.0},
+    }
+    assert outcome_table(outcomes)[2] == "| exact | 2 | 1.000 |"
+
+
 def test_arena_warmup_questions_fill_the_turns_of_a_train_file_that_runs_out() -> None:
     """On the real train files HotpotQA's and MuSiQue's usable questions after GRPO's 60 run out before 40 rounds:
     without fill 120 turns give fewer questions; with fill 2Wiki takes the empty turns, the same questions first."""
@@ -1293,7 +1336,9 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     assert (
         set(preference) == {"word overlap", "warm start", "GRPO"} and preference["GRPO"]["per_example"]["preference"]
     )
-    assert "## Citation preference (teacher-forced)" in (results / "results.md").read_text()
+    report = (results / "results.md").read_text()
+    assert "## Citation preference (teacher-forced)" in report and "| **lacks 1** |" in report
+    assert sum(row["episodes"] for row in written["citation_outcomes"].values()) > 0  # the steps' episodes, by match
     refused = run("--probe-only")  # would overwrite the full run's report
     assert refused.returncode != 0 and "would overwrite" in refused.stderr
     args = [sys.executable, str(script), "--smoke", "--work", str(tmp_path / "work"), "--probe-only"]
@@ -1305,6 +1350,7 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     assert probed["probe_only"] and set(tested) == {"word overlap", "base: question likelihood", "warm start"}
     own = probed["citation_preference"]["warm start's own train questions"]  # 4 smoke warm-start questions
     assert set(own) == {"word overlap", "warm start"} and len(own["warm start"]["per_example"]["preference"]) == 4
+    assert "**warm start's own train questions**" in (tmp_path / "probe" / "results.md").read_text()  # by place
     read_back = probed["citation_preference"]["test"]["warm start"]  # the full run's probe, found by its key
     assert read_back["per_example"] == preference["warm start"]["per_example"]
     assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
