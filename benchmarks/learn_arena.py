@@ -492,6 +492,38 @@ def relevance_block(numbers: list[int]) -> str:
     return f"<relevance>\n{numbers}\n</relevance>"
 
 
+PROBE_ORDERS = 6  # at most this many orders of a list are scored with orders="all"
+
+
+def block_orders(numbers: list[int], orders: str, rng: Any) -> list[list[int]]:
+    """The orders in which :func:`citation_preference` scores a relevance list: ``sorted``, the ascending one (how
+    the default warm start writes it); ``all``, every order when there are at most :data:`PROBE_ORDERS`, else the
+    ascending one and ``PROBE_ORDERS - 1`` others drawn with ``rng`` (a list of 4 or more), so that a model that
+    writes its lists in another order (``--warmup-order hops``) is scored on the set, not on one order of it."""
+    from itertools import permutations
+    from math import factorial
+
+    if orders == "sorted":
+        return [sorted(numbers)]
+    if orders != "all":
+        raise ValueError(f"orders={orders!r}; expected 'sorted' or 'all'")
+    if factorial(len(numbers)) <= PROBE_ORDERS:
+        return [list(p) for p in permutations(sorted(numbers))]
+    picked = [sorted(numbers)]
+    while len(picked) < PROBE_ORDERS:
+        order = rng.sample(numbers, len(numbers))
+        if order not in picked:
+            picked.append(order)
+    return picked
+
+
+def logsumexp(values: list[float]) -> float:
+    from math import exp, log
+
+    top = max(values)
+    return top + log(sum(exp(v - top) for v in values))
+
+
 def preference_jobs(
     examples: list[Any], agent: Any, lists: int, seed: int
 ) -> tuple[list[tuple[Any, list[Any], list[list[int]]]], dict[str, int]]:
@@ -530,7 +562,14 @@ def preference_scores(scored: list[list[float]]) -> dict[str, list[float]]:
 
 
 def citation_preference(
-    model: Path, examples: list[Any], agent: Any, options: str, lists: int = 4, seed: int = 0, llm: Any = None
+    model: Path,
+    examples: list[Any],
+    agent: Any,
+    options: str,
+    lists: int = 4,
+    seed: int = 0,
+    llm: Any = None,
+    orders: str = "sorted",
 ) -> dict[str, Any]:
     """Does the model prefer the gold ``<relevance>`` block to random ones? Teacher-forced, nothing sampled: for
     each question whose shown references include a supporting one, the log-probability the model gives, after
@@ -540,8 +579,11 @@ def citation_preference(
     1 / (lists + 1)). A reader that reads the references prefers the gold block; one that cites at chance (the
     sampled-citation table of a GRPO run) does not, and this says so from one forward pass per question, without a
     GRPO step. Questions left out are counted in ``skipped`` by reason. ``llm``: score with this LLM instead of
-    loading ``model`` on the hf engine with ``options``."""
+    loading ``model`` on the hf engine with ``options``. ``orders``: a list's block scored in ascending order
+    (``sorted``) or its probability summed over the orders of :func:`block_orders` (``all``: the set's, for a model
+    that writes lists in another order)."""
     import asyncio
+    import random
 
     from sleuth.agents.arena import arena_prompt
     from sleuth.llm import load_llm
@@ -550,11 +592,17 @@ def citation_preference(
     jobs, skipped = preference_jobs(examples, agent, lists, seed)
     scorer = llm or load_llm(f"hf:{model}?{options}")
 
-    async def score_all() -> list[list[Any]]:
+    async def score_list(messages: list[dict[str, str]], numbers: list[int], rng: Any) -> float:
+        blocks = [relevance_block(order) for order in block_orders(numbers, orders, rng)]
+        scores = await asyncio.gather(*(scorer.score(messages, block) for block in blocks))
+        return logsumexp([s.logprob for s in scores])
+
+    async def score_all() -> list[list[float]]:
         rows = []
         for example, references, candidates in jobs:
             messages = [{"role": "user", "content": arena_prompt(example.question, references, agent.prompt)}]
-            rows.append(asyncio.gather(*(scorer.score(messages, relevance_block(c)) for c in candidates)))
+            rng = random.Random(f"{seed}:orders:{example.id}")
+            rows.append(asyncio.gather(*(score_list(messages, c, rng) for c in candidates)))
         return list(await asyncio.gather(*rows))
 
     try:
@@ -562,7 +610,7 @@ def citation_preference(
     finally:
         if llm is None:
             close_llm(scorer)
-    per = preference_scores([[s.logprob for s in scores] for scores in scored])
+    per = preference_scores(scored)
     return {"per_example": per, "model": str(model), "lists": lists, "skipped": skipped}
 
 
@@ -654,7 +702,9 @@ PREFERENCE_TEXT = (
     "the same lists by the question words their references contain (`overlap_preference`, no model): what a reader "
     "that matches words alone would show. `--probe-only` adds the base model's question likelihood "
     "(`likelihood_preference`, after UPR): the same lists scored by log p(question | reference), whether the model "
-    "knows the relevant references without having to cite them."
+    "knows the relevant references without having to cite them. A warm start that writes its lists in hop order "
+    "(`--warmup-order hops`) is scored on each list's set: its probability summed over the list's orders "
+    "(`block_orders`), not the ascending block alone."
 )
 
 
@@ -988,15 +1038,20 @@ def main() -> None:
     def eval_key(model: Path, split: str) -> dict[str, Any]:
         return {"model": str(model), **split_keys[split], "agent": agent_key}
 
+    # a warm start that writes its lists in hop order is probed on the set (every order); the ascending one on the
+    # ascending block, as before (its keys unchanged)
+    orders = "all" if s["warmup"].get("order", "sorted") == "hops" else "sorted"
+    probe_key = {"lists": PREFERENCE_LISTS, "seed": args.seed, **({"orders": orders} if orders != "sorted" else {})}
+
     def measure(stage: str, model: Path) -> None:
         for split, examples in splits.items():
             key = eval_key(model, split)
             probes[split][stage] = exp.evaluate(
                 stage,
                 f"{split.replace(' ', '-')}-preference",
-                {**key, "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed}},
+                {**key, "probe": probe_key},
                 lambda examples=examples: citation_preference(
-                    model, examples, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed
+                    model, examples, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed, orders=orders
                 ),
             )
             if args.probe_only:
@@ -1069,10 +1124,10 @@ def main() -> None:
                         **({"first": OWN_PROBE_MAX} if w["questions"] > OWN_PROBE_MAX else {}),
                         **({"fill": True} if w.get("fill") else {}),
                         "agent": agent_key,
-                        "probe": {"lists": PREFERENCE_LISTS, "seed": args.seed},
+                        "probe": probe_key,
                     },
                     lambda model=model: citation_preference(
-                        model, trained, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed
+                        model, trained, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed, orders=orders
                     ),
                 )
     if args.probe_only:

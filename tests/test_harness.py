@@ -204,6 +204,44 @@ def test_arena_citation_preference_counts_the_random_lists_the_gold_block_beats(
     assert "| test | warm start | 2 | 0.667 |" in table
 
 
+def test_arena_citation_preference_on_all_orders_scores_a_list_as_a_set() -> None:
+    """A model that writes the gold numbers in hop order ([3, 1]) gives the ascending gold block little probability:
+    scored ascending (the default) it loses to every random list; with orders="all" each list's probability is
+    summed over its orders (block_orders: all of them up to PROBE_ORDERS, else the ascending one and distinct
+    others) and the gold set wins."""
+    import asyncio
+    import math
+    import random
+    from itertools import permutations
+
+    from learn_arena import PROBE_ORDERS, block_orders, citation_preference
+
+    from sleuth.agents.arena import ArenaConfig
+    from sleuth.llm import Score
+    from sleuth.records import Example, Passage
+
+    class HopOrderScorer:
+        async def score(self, prompt: object, completion: str) -> Score:
+            await asyncio.sleep(0)
+            return Score(logprob=-0.5 if "\n[3, 1]\n" in completion else -3.0, token_logprobs=[], tokens=[])
+
+    refs = [Passage(id=f"p{i}", title=f"T{i}", text=f"text {i}") for i in range(1, 5)]
+    example = Example(id="a", question="q?", answers=["x"], context=refs, supporting_ids=["p1", "p3"])
+    agent = ArenaConfig(max_references=4)
+    ascending = citation_preference(Path("unused"), [example], agent, "", lists=4, llm=HopOrderScorer())
+    as_sets = citation_preference(Path("unused"), [example], agent, "", lists=4, llm=HopOrderScorer(), orders="all")
+    assert ascending["per_example"]["preference"] == [0.5]  # every block at -3: ties
+    assert as_sets["per_example"]["preference"] == [1.0] and as_sets["per_example"]["first"] == [1.0]
+    rng = random.Random(0)
+    assert block_orders([3, 1], "sorted", rng) == [[1, 3]]
+    assert sorted(block_orders([2, 1, 3], "all", rng)) == sorted(map(list, permutations([1, 2, 3])))
+    four = block_orders([4, 2, 1, 3], "all", rng)
+    assert len(four) == PROBE_ORDERS and four[0] == [1, 2, 3, 4] and len({tuple(o) for o in four}) == PROBE_ORDERS
+    assert all(sorted(o) == [1, 2, 3, 4] for o in four) and math.factorial(4) > PROBE_ORDERS
+    with pytest.raises(ValueError, match="orders"):
+        block_orders([1], "hops", rng)
+
+
 def test_arena_overlap_preference_scores_the_probe_lists_by_the_question_words_they_contain() -> None:
     """overlap_preference on citation_preference's own questions and lists: where the gold reference alone shares
     the question's words, the gold list beats every random list; where a distractor shares more, it loses to the
