@@ -284,6 +284,20 @@ def evaluate(model: Path, examples: list[Any], agent: Any, options: str, engine:
     return {"per_example": per, "model": str(model), "engine": engine}
 
 
+def episode_citations(rollout: Any) -> tuple[list[str], set[int], set[int]] | None:
+    """An ARENA episode's citations: the ids of the references shown, the gold numbers among them and the valid
+    numbers it cited (integers in range; anything else the model wrote is ignored); None when no supporting
+    reference was shown."""
+    meta, example = rollout.trace.meta, rollout.trace.example
+    shown = list(meta.get("reference_ids") or [])
+    support = set(example.supporting_ids)
+    gold = {i for i, ref in enumerate(shown, 1) if ref in support}
+    if not gold:
+        return None
+    picked = {i for i in meta.get("relevance") or [] if isinstance(i, int) and 1 <= i <= len(shown)}
+    return shown, gold, picked
+
+
 def citation_chance(rollouts: list[Any]) -> dict[str, float]:
     """The sampled citations of one GRPO step against chance: per episode with supporting references among the
     ones shown, citation recall and precision and ARENA's relevance reward, each beside its expected value for the
@@ -310,15 +324,12 @@ def citation_chance(rollouts: list[Any]) -> dict[str, float]:
     )
     episodes = cited = lacking = citing_one = 0
     for rollout in rollouts:
-        meta, example = rollout.trace.meta, rollout.trace.example
-        shown = list(meta.get("reference_ids") or [])
-        support = set(example.supporting_ids)
-        gold = {i for i, ref in enumerate(shown, 1) if ref in support}
-        if not gold:
+        citations = episode_citations(rollout)
+        if citations is None:
             continue
-        n, g = len(shown), len(gold)
-        picked = {i for i in meta.get("relevance") or [] if isinstance(i, int) and 1 <= i <= n}
-        k = len(picked)
+        shown, gold, picked = citations
+        n, g, k = len(shown), len(gold), len(picked)
+        example = rollout.trace.example
         episodes += 1
         if 1 not in gold:
             lacking += 1
@@ -398,13 +409,10 @@ def citation_outcomes(rollouts: list[Any]) -> dict[str, dict[str, float]]:
     accuracy term and relevance term reinforce together; a flat one, citations GRPO cannot learn from accuracy."""
     classes: dict[str, list[float]] = {"exact": [], "partial": [], "disjoint": [], "none": []}
     for rollout in rollouts:
-        meta, example = rollout.trace.meta, rollout.trace.example
-        shown = list(meta.get("reference_ids") or [])
-        support = set(example.supporting_ids)
-        gold = {i for i, ref in enumerate(shown, 1) if ref in support}
-        if not gold:
+        citations = episode_citations(rollout)
+        if citations is None:
             continue
-        picked = {i for i in meta.get("relevance") or [] if isinstance(i, int) and 1 <= i <= len(shown)}
+        _, gold, picked = citations
         match = "none" if not picked else "exact" if picked == gold else "partial" if picked & gold else "disjoint"
         classes[match].append(float((rollout.extra.get("components") or {}).get("accuracy", 0.0)))
     return {
@@ -521,6 +529,8 @@ def logsumexp(values: list[float]) -> float:
     from math import exp, log
 
     top = max(values)
+    if top == float("-inf"):  # every order impossible
+        return top
     return top + log(sum(exp(v - top) for v in values))
 
 
