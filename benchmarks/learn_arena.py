@@ -51,7 +51,10 @@ checked before GRPO is spent on it, and also on the warm start's own train quest
 has it fit the relevance lists it was trained on, or only the rest of the target?). Two reference rows go with it
 on the same questions and lists: a reader of words alone (:func:`overlap_preference`, no model) and, with
 ``--probe-only``, the base model's own question likelihood (:func:`likelihood_preference`: whether it knows which
-references bear on the question without citing them).
+references bear on the question without citing them). Why GRPO moves citations where it does, from its rollouts:
+:func:`citation_by_place` (recall and preference by the gold references' places), :func:`citation_outcomes` (accuracy
+by how the citations meet the gold ones) and :func:`citation_advantages` (the summed advantage on each first cited
+number: what GRPO teaches a policy whose first number ignores the references).
 
 Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resumes; each GRPO setting (``--steps``,
 ``--prompts``, ``--group``, ``--lr``, ``--accuracy``) trains into its own directory next to the others (a setting that
@@ -427,6 +430,71 @@ def outcome_table(outcomes: dict[str, dict[str, float]]) -> list[str]:
     for match, row in outcomes.items():
         accuracy = f"{row['accuracy']:.3f}" if row["episodes"] else "–"
         lines.append(f"| {match} | {row['episodes']:.0f} | {accuracy} |")
+    return lines
+
+
+def citation_advantages(rollouts: list[Any], eps: float = 1e-4) -> dict[str, Any]:
+    """Where GRPO's advantages push the first number a policy cites. Each episode's advantage as the trainer computed
+    it (:func:`sleuth.train.rl.grpo_advantages` over its group, ARENA's eps 1e-4), then, over the groups with a
+    supporting reference shown, split by whether the gold numbers hold reference 1: per first number written in
+    ``<relevance>`` the episodes and their summed advantage, and how many groups sampled the exact gold set at all.
+    Advantages sum to 0 in a group, so for a policy whose first number does not depend on the references the
+    gradient on writing ``n`` first is proportional to the summed advantage of the episodes that did: a positive sum
+    over all groups on 1 makes that policy cite 1 more wherever 1 is gold or not (the reward-optimal guess of a
+    reader that cannot read); a reader is pushed only through the split by gold."""
+    import torch
+
+    from sleuth.train.rl import grpo_advantages
+
+    if not rollouts:
+        return {"groups": {}, "first": {}}
+    rewards = torch.tensor([float(r.extra.get("reward", 0.0)) for r in rollouts], dtype=torch.float64)
+    advantages = grpo_advantages(rewards, [r.group for r in rollouts], eps=eps).tolist()
+    groups: dict[str, dict[str, set[str]]] = {"holds 1": {"all": set(), "exact": set()}}
+    groups["lacks 1"] = {"all": set(), "exact": set()}
+    first: dict[str, dict[str, dict[str, float]]] = {}
+    for rollout, advantage in zip(rollouts, advantages, strict=True):
+        citations = episode_citations(rollout)
+        if citations is None:
+            continue
+        _, gold, picked = citations
+        kind = "holds 1" if 1 in gold else "lacks 1"
+        groups[kind]["all"].add(rollout.group)
+        if picked == gold:
+            groups[kind]["exact"].add(rollout.group)
+        written = [i for i in rollout.trace.meta.get("relevance") or [] if i in picked]
+        number = str(written[0]) if written else "none"
+        cell = first.setdefault(number, {}).setdefault(kind, {"episodes": 0, "advantage": 0.0})
+        cell["episodes"] += 1
+        cell["advantage"] += advantage
+    order = sorted(first, key=lambda n: (n == "none", int(n) if n.isdigit() else 0))
+    return {
+        "groups": {kind: {"groups": len(g["all"]), "exact": len(g["exact"])} for kind, g in groups.items()},
+        "first": {n: first[n] for n in order},
+    }
+
+
+def advantage_table(pushed: dict[str, Any]) -> list[str]:
+    """Markdown rows of :func:`citation_advantages`: per first cited number, episodes and summed advantage where the
+    gold numbers hold reference 1, where they lack it, and over both."""
+    head = "| first number cited | holds 1: episodes | holds 1: summed advantage | lacks 1: episodes | "
+    head += "lacks 1: summed advantage | all: summed advantage |"
+    lines = [head, "|---" * 6 + "|"]
+    for number, kinds in pushed["first"].items():
+        cells = [number]
+        for kind in ("holds 1", "lacks 1"):
+            cell = kinds.get(kind, {"episodes": 0, "advantage": 0.0})
+            cells += [str(cell["episodes"]), f"{cell['advantage']:+.2f}"]
+        cells.append(f"{sum(c['advantage'] for c in kinds.values()):+.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    groups = pushed["groups"]
+    if groups:
+        lines += [
+            "",
+            "Groups that sampled the exact gold set: "
+            + "; ".join(f"{kind}: {g['exact']} of {g['groups']}" for kind, g in groups.items())
+            + ".",
+        ]
     return lines
 
 
@@ -1199,6 +1267,7 @@ def main() -> None:
         row["citations"] = citation_chance(sampled)
         episodes += sampled
     outcomes = citation_outcomes(episodes)
+    pushed = citation_advantages(episodes)
     models = {stage: short(ev["model"]) for stage, ev in test.items()}
     g = s["grpo"]
     if args.world:
@@ -1267,6 +1336,16 @@ def main() -> None:
         "",
         *outcome_table(outcomes),
         "",
+        "Where the advantages push the first cited number (`citation_advantages`): all steps' episodes with a "
+        "supporting reference shown, by the first number written in `<relevance>`, with their summed GRPO advantage "
+        "(recomputed from the rewards the steps trained on, per group), where the gold numbers hold reference 1 and "
+        "where they lack it. A group's advantages sum to 0, so for a policy whose first number ignores the "
+        'references the push on writing a number first is its "all" sum: positive on 1, GRPO teaches that '
+        "policy to cite 1 whatever the question, the best guess of a reader that cannot read; only the split by "
+        "gold reaches one that reads.",
+        "",
+        *advantage_table(pushed),
+        "",
         "## Citation preference (teacher-forced)",
         "",
         PREFERENCE_TEXT,
@@ -1294,6 +1373,7 @@ def main() -> None:
             "training": grpo,
             "steps": steps,
             "citation_outcomes": outcomes,
+            "citation_advantages": pushed,
             "citation_preference": probes,
             "trials": trials,
             **({"declaration": declared} if declared else {}),

@@ -418,6 +418,43 @@ def test_arena_citations_by_place_and_outcome_separate_a_first_number_guesser_fr
     assert outcome_table(outcomes)[2] == "| exact | 2 | 1.000 |"
 
 
+def test_arena_citation_advantages_sum_the_push_on_each_first_cited_number_by_gold_place() -> None:
+    """citation_advantages recomputes each group's GRPO advantages from the rewards (unbiased std, eps 1e-4) and sums
+    them per first number written in <relevance> (in written order, out-of-range numbers skipped), apart where the
+    gold numbers hold reference 1 and where not; a group with equal rewards pushes nothing."""
+    from learn_arena import advantage_table, citation_advantages
+
+    from sleuth.records import Example, Passage, Trace
+    from sleuth.train.rollouts import Rollout
+
+    refs = [Passage(id=f"p{i}", title=f"T{i}", text=f"text {i}") for i in range(1, 5)]
+    golds = {"a": ["p1", "p2"], "b": ["p2", "p3"], "d": ["p9"], "e": ["p3", "p4"]}
+    examples = {k: Example(id=k, question="q", context=refs, supporting_ids=v) for k, v in golds.items()}
+
+    def episode(group: str, sample: int, cited: list[int], reward: float) -> Rollout:
+        meta = {"reference_ids": [r.id for r in refs], "relevance": cited}
+        trace = Trace(examples[group], "arena", meta=meta)
+        return Rollout(f"{group}#{sample}", group, sample, trace, {"reward": reward})
+
+    rollouts = [episode("a", 0, [1, 2], 3.0), episode("b", 0, [1, 2], 1.0), episode("a", 1, [3], 1.0)]
+    rollouts += [episode("b", 1, [3, 2], 3.0), episode("d", 0, [1], 5.0), episode("d", 1, [2], 0.0)]
+    rollouts += [episode("e", 0, [], 0.0), episode("e", 1, [9, 4], 0.0)]
+    pushed = citation_advantages(rollouts)
+    half = 1 / (2**0.5 + 1e-4)  # rewards 3 and 1: mean 2, unbiased std sqrt(2)
+    assert pushed["groups"] == {"holds 1": {"groups": 1, "exact": 1}, "lacks 1": {"groups": 2, "exact": 1}}
+    first = pushed["first"]
+    assert list(first) == ["1", "3", "4", "none"]
+    assert first["1"]["holds 1"] == {"episodes": 1, "advantage": pytest.approx(half)}
+    assert first["1"]["lacks 1"] == {"episodes": 1, "advantage": pytest.approx(-half)}
+    assert first["3"]["holds 1"]["advantage"] == pytest.approx(-half)
+    assert first["3"]["lacks 1"]["advantage"] == pytest.approx(half)
+    assert first["4"] == {"lacks 1": {"episodes": 1, "advantage": 0.0}} and first["none"]["lacks 1"]["episodes"] == 1
+    rows = advantage_table(pushed)
+    assert rows[2] == "| 1 | 1 | +0.71 | 1 | -0.71 | +0.00 |" and rows[4] == "| 4 | 0 | +0.00 | 1 | +0.00 | +0.00 |"
+    assert rows[-1] == "Groups that sampled the exact gold set: holds 1: 1 of 1; lacks 1: 1 of 2."
+    assert citation_advantages([]) == {"groups": {}, "first": {}}
+
+
 def test_arena_warmup_questions_fill_the_turns_of_a_train_file_that_runs_out() -> None:
     """On the real train files HotpotQA's and MuSiQue's usable questions after GRPO's 60 run out before 40 rounds:
     without fill 120 turns give fewer questions; with fill 2Wiki takes the empty turns, the same questions first."""
@@ -1377,6 +1414,8 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     report = (results / "results.md").read_text()
     assert "## Citation preference (teacher-forced)" in report and "| **lacks 1** |" in report
     assert sum(row["episodes"] for row in written["citation_outcomes"].values()) > 0  # the steps' episodes, by match
+    pushed = written["citation_advantages"]  # the same episodes' advantages by first cited number
+    assert sum(g["groups"] for g in pushed["groups"].values()) > 0 and "| first number cited |" in report
     refused = run("--probe-only")  # would overwrite the full run's report
     assert refused.returncode != 0 and "would overwrite" in refused.stderr
     args = [sys.executable, str(script), "--smoke", "--work", str(tmp_path / "work"), "--probe-only"]
