@@ -433,9 +433,9 @@ def outcome_table(outcomes: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
-def citation_advantages(rollouts: list[Any], eps: float = 1e-4) -> dict[str, Any]:
+def citation_advantages(rollouts: list[Any], eps: float) -> dict[str, Any]:
     """Where GRPO's advantages push the first number a policy cites. Each episode's advantage as the trainer computed
-    it (:func:`sleuth.train.rl.grpo_advantages` over its group, ARENA's eps 1e-4), then, over the groups with a
+    it (:func:`sleuth.train.rl.grpo_advantages` over its group, the run's ``eps``), then, over the groups with a
     supporting reference shown, split by whether the gold numbers hold reference 1: per first number written in
     ``<relevance>`` the episodes and their summed advantage, and how many groups sampled the exact gold set at all.
     Advantages sum to 0 in a group, so for a policy whose first number does not depend on the references the
@@ -462,7 +462,7 @@ def citation_advantages(rollouts: list[Any], eps: float = 1e-4) -> dict[str, Any
         groups[kind]["all"].add(rollout.group)
         if picked == gold:
             groups[kind]["exact"].add(rollout.group)
-        written = [i for i in rollout.trace.meta.get("relevance") or [] if i in picked]
+        written = [i for i in rollout.trace.meta.get("relevance") or [] if isinstance(i, int) and i in picked]
         number = str(written[0]) if written else "none"
         cell = first.setdefault(number, {}).setdefault(kind, {"episodes": 0, "advantage": 0.0})
         cell["episodes"] += 1
@@ -1267,7 +1267,8 @@ def main() -> None:
         row["citations"] = citation_chance(sampled)
         episodes += sampled
     outcomes = citation_outcomes(episodes)
-    pushed = citation_advantages(episodes)
+    trained = json.loads((Path(grpo["dir"]) / "config.json").read_text())
+    pushed = citation_advantages(episodes, eps=trained["adv_eps"])
     models = {stage: short(ev["model"]) for stage, ev in test.items()}
     g = s["grpo"]
     if args.world:

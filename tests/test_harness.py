@@ -420,8 +420,8 @@ def test_arena_citations_by_place_and_outcome_separate_a_first_number_guesser_fr
 
 def test_arena_citation_advantages_sum_the_push_on_each_first_cited_number_by_gold_place() -> None:
     """citation_advantages recomputes each group's GRPO advantages from the rewards (unbiased std, eps 1e-4) and sums
-    them per first number written in <relevance> (in written order, out-of-range numbers skipped), apart where the
-    gold numbers hold reference 1 and where not; a group with equal rewards pushes nothing."""
+    them per first number written in <relevance> (in written order, out-of-range numbers and non-integers skipped),
+    apart where the gold numbers hold reference 1 and where not; a group with equal rewards pushes nothing."""
     from learn_arena import advantage_table, citation_advantages
 
     from sleuth.records import Example, Passage, Trace
@@ -438,8 +438,8 @@ def test_arena_citation_advantages_sum_the_push_on_each_first_cited_number_by_go
 
     rollouts = [episode("a", 0, [1, 2], 3.0), episode("b", 0, [1, 2], 1.0), episode("a", 1, [3], 1.0)]
     rollouts += [episode("b", 1, [3, 2], 3.0), episode("d", 0, [1], 5.0), episode("d", 1, [2], 0.0)]
-    rollouts += [episode("e", 0, [], 0.0), episode("e", 1, [9, 4], 0.0)]
-    pushed = citation_advantages(rollouts)
+    rollouts += [episode("e", 0, [], 0.0), episode("e", 1, [9, [1], "x", 4], 0.0)]  # junk a file may hold: skipped
+    pushed = citation_advantages(rollouts, eps=1e-4)
     half = 1 / (2**0.5 + 1e-4)  # rewards 3 and 1: mean 2, unbiased std sqrt(2)
     assert pushed["groups"] == {"holds 1": {"groups": 1, "exact": 1}, "lacks 1": {"groups": 2, "exact": 1}}
     first = pushed["first"]
@@ -452,7 +452,7 @@ def test_arena_citation_advantages_sum_the_push_on_each_first_cited_number_by_go
     rows = advantage_table(pushed)
     assert rows[2] == "| 1 | 1 | +0.71 | 1 | -0.71 | +0.00 |" and rows[4] == "| 4 | 0 | +0.00 | 1 | +0.00 | +0.00 |"
     assert rows[-1] == "Groups that sampled the exact gold set: holds 1: 1 of 1; lacks 1: 1 of 2."
-    assert citation_advantages([]) == {"groups": {}, "first": {}}
+    assert citation_advantages([], eps=1e-4) == {"groups": {}, "first": {}}
 
 
 def test_arena_warmup_questions_fill_the_turns_of_a_train_file_that_runs_out() -> None:
