@@ -51,7 +51,11 @@ checked before GRPO is spent on it, and also on the warm start's own train quest
 has it fit the relevance lists it was trained on, or only the rest of the target?). Two reference rows go with it
 on the same questions and lists: a reader of words alone (:func:`overlap_preference`, no model) and, with
 ``--probe-only``, the base model's own question likelihood (:func:`likelihood_preference`: whether it knows which
-references bear on the question without citing them). Why GRPO moves citations where it does, from its rollouts:
+references bear on the question without citing them). A preference can come from a prior over numbers (writing 1
+first whatever the question) rather than from reading, so every stage is also probed on every list of as many shown
+references, raw scores kept, and read without that prior (:func:`prior_free_preference`: each list's score less its
+mean over the split's other questions): does the gold list come first more often than 1 in 6 (a world question)?
+Why GRPO moves citations where it does, from its rollouts:
 :func:`citation_by_place` (recall and preference by the gold references' places), :func:`citation_outcomes` (accuracy
 by how the citations meet the gold ones) and :func:`citation_advantages` (the summed advantage on each first cited
 number: what GRPO teaches a policy whose first number ignores the references).
@@ -503,7 +507,7 @@ def citation_by_place(
     agent: Any,
     recall: dict[str, list[float]],
     preference: dict[str, list[float]],
-    lists: int = PREFERENCE_LISTS,
+    lists: int | None = PREFERENCE_LISTS,
     seed: int = 0,
 ) -> list[str]:
     """Markdown rows: per set of places the supporting references hold among those shown (the gold numbers, as
@@ -544,15 +548,18 @@ def citation_by_place(
     return lines
 
 
-def preference_lists(gold: list[int], shown: int, lists: int, rng: Any) -> list[list[int]]:
+def preference_lists(gold: list[int], shown: int, lists: int | None, rng: Any) -> list[list[int]]:
     """Up to ``lists`` distinct random relevance lists of ``len(gold)`` of the ``shown`` references (sorted, as
-    :func:`warmup_target` writes them), never the gold list; ``[]`` when there is no other list."""
+    :func:`warmup_target` writes them), never the gold list; ``[]`` when there is no other list. ``lists=None``:
+    every other list, in lexicographic order (``rng`` unused)."""
     from itertools import combinations
     from math import comb
 
     others = comb(shown, len(gold)) - 1
     if others <= 0:
         return []
+    if lists is None:
+        return [list(c) for c in combinations(range(1, shown + 1), len(gold)) if list(c) != gold]
     if others <= 4 * lists:  # few: draw from all of them
         pool = [list(c) for c in combinations(range(1, shown + 1), len(gold)) if list(c) != gold]
         return rng.sample(pool, min(lists, len(pool)))
@@ -603,11 +610,11 @@ def logsumexp(values: list[float]) -> float:
 
 
 def preference_jobs(
-    examples: list[Any], agent: Any, lists: int, seed: int
+    examples: list[Any], agent: Any, lists: int | None, seed: int
 ) -> tuple[list[tuple[Any, list[Any], list[list[int]]]], dict[str, int]]:
     """The questions :func:`citation_preference` compares: per question whose shown references include a supporting
     one, ``(example, shown references, [gold list, *random lists])`` (:func:`preference_lists`, seeded by the
-    question), and the questions left out, counted by reason."""
+    question; ``lists=None``: every other list), and the questions left out, counted by reason."""
     import random
 
     jobs = []
@@ -627,6 +634,52 @@ def preference_jobs(
     return jobs, skipped
 
 
+def prior_free_scores(
+    candidates: list[list[list[int]]], scored: list[list[float]], shown: list[int]
+) -> tuple[list[list[float]], int]:
+    """Each list's score less its prior: the mean score the same list (as a set) gets on the other questions that
+    show as many references (leave-one-out, so a question's own references never enter its prior). A model whose
+    blocks follow a fixed preference for some numbers (writing 1 first whatever the question) has it in every
+    question's scores; what is left is what this question's references move. The prior of a list no other question
+    scores is the mean of the priors of the lists of its length and shown count (counted: the second value).
+    Contextual calibration (Zhao et al. 2021, "Calibrate Before Use") with the split's own questions in place of a
+    content-free input."""
+    from collections import defaultdict
+
+    total: dict[tuple[int, tuple[int, ...]], float] = defaultdict(float)
+    count: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
+    for lists, scores, n in zip(candidates, scored, shown, strict=True):
+        for numbers, score in zip(lists, scores, strict=True):
+            total[n, tuple(sorted(numbers))] += score
+            count[n, tuple(sorted(numbers))] += 1
+    means = {key: total[key] / count[key] for key in count}
+    fallback = 0
+    out = []
+    for lists, scores, n in zip(candidates, scored, shown, strict=True):
+        row = []
+        for numbers, score in zip(lists, scores, strict=True):
+            key = (n, tuple(sorted(numbers)))
+            if count[key] > 1:
+                prior = (total[key] - score) / (count[key] - 1)
+            else:  # no other question scores this list
+                same = [m for k, m in means.items() if k != key and k[0] == n and len(k[1]) == len(numbers)]
+                prior = sum(same) / len(same) if same else 0.0
+                fallback += 1
+            row.append(score - prior)
+        out.append(row)
+    return out, fallback
+
+
+def prior_free_preference(probe: dict[str, Any]) -> dict[str, Any]:
+    """:func:`citation_preference` (or :func:`overlap_preference`) with every list scored (``lists=None``) read after
+    :func:`prior_free_scores`: ``per_example`` as :func:`preference_scores` gives it, from the calibrated scores;
+    ``fallback``: the lists whose prior came from other lists. ``first`` against ``first_chance`` (1 / the lists
+    of a question, 1/6 in the world) is then whether the references, not a prior over numbers, rank the gold list
+    first."""
+    calibrated, fallback = prior_free_scores(probe["candidates"], probe["scores"], probe["shown"])
+    return {**probe, "per_example": preference_scores(calibrated), "fallback": fallback}
+
+
 def preference_scores(scored: list[list[float]]) -> dict[str, list[float]]:
     """Per question, from the scores of its gold list (first) and its random lists: ``preference``, the share of the
     random lists the gold one beats (ties half), ``first``, 1 when it beats them all, and that event's chance."""
@@ -644,7 +697,7 @@ def citation_preference(
     examples: list[Any],
     agent: Any,
     options: str,
-    lists: int = 4,
+    lists: int | None = 4,
     seed: int = 0,
     llm: Any = None,
     orders: str = "sorted",
@@ -659,7 +712,9 @@ def citation_preference(
     GRPO step. Questions left out are counted in ``skipped`` by reason. ``llm``: score with this LLM instead of
     loading ``model`` on the hf engine with ``options``. ``orders``: a list's block scored in ascending order
     (``sorted``) or its probability summed over the orders of :func:`block_orders` (``all``: the set's, for a model
-    that writes lists in another order)."""
+    that writes lists in another order). ``lists=None`` scores every list of as many shown references (the
+    prior-free reading, :func:`prior_free_preference`, needs them all). Besides the shares, the raw scores
+    (:func:`raw_scores`)."""
     import asyncio
     import random
 
@@ -688,11 +743,26 @@ def citation_preference(
     finally:
         if llm is None:
             close_llm(scorer)
-    per = preference_scores(scored)
-    return {"per_example": per, "model": str(model), "lists": lists, "skipped": skipped}
+    return {
+        "per_example": preference_scores(scored),
+        "model": str(model),
+        "lists": lists,
+        "skipped": skipped,
+        **raw_scores(jobs, scored),
+    }
 
 
-def overlap_preference(examples: list[Any], agent: Any, lists: int = 4, seed: int = 0) -> dict[str, Any]:
+def raw_scores(jobs: list[tuple[Any, list[Any], list[list[int]]]], scored: list[list[float]]) -> dict[str, Any]:
+    """What a probe keeps besides its per-question shares, so another reading (:func:`prior_free_preference`) needs
+    no model: per question its lists (gold first), their scores and the number of references shown."""
+    return {
+        "candidates": [candidates for _, _, candidates in jobs],
+        "scores": scored,
+        "shown": [len(references) for _, references, _ in jobs],
+    }
+
+
+def overlap_preference(examples: list[Any], agent: Any, lists: int | None = 4, seed: int = 0) -> dict[str, Any]:
     """:func:`citation_preference`'s comparison, on the same questions and lists, for a reader that only matches
     words: a list scores the question words its references contain (:func:`overlap_counts`, summed). What reading
     the words alone earns on this probe, so a model's row has a reference besides chance; no model."""
@@ -701,7 +771,13 @@ def overlap_preference(examples: list[Any], agent: Any, lists: int = 4, seed: in
     for example, references, candidates in jobs:
         counts = overlap_counts(example.question, [f"{p.title} {p.text}" for p in references])
         scored.append([float(sum(counts[i - 1] for i in c)) for c in candidates])
-    return {"per_example": preference_scores(scored), "model": "", "lists": lists, "skipped": skipped}
+    return {
+        "per_example": preference_scores(scored),
+        "model": "",
+        "lists": lists,
+        "skipped": skipped,
+        **raw_scores(jobs, scored),
+    }
 
 
 # after UPR's question-likelihood ranking (Sachan et al. 2022, "Improving Passage Retrieval with Zero-Shot Question
@@ -772,6 +848,8 @@ def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0
 # the hf engine scores; a batch holds 8 prompts' 5 blocks each, so a prompt's blocks share one pass over it
 # (HFLLM._score_shared); batches of 8 rows would split a prompt's blocks over two passes
 PROBE_OPTIONS = f"threads=2&max_batch={8 * (PREFERENCE_LISTS + 1)}"
+# every list: 6 a world question (2 of 4), at most C(6, 3) = 20 a dev-file one (max_references 6); 8 prompts a batch
+EVERY_LIST_OPTIONS = "threads=2&max_batch=160"
 PREFERENCE_TEXT = (
     "Does each model prefer the gold `<relevance>` block to random ones (`citation_preference`)? Per question with "
     "a supporting reference shown: the log-probability of the gold reference numbers' block after ARENA's prompt "
@@ -786,11 +864,50 @@ PREFERENCE_TEXT = (
 )
 
 
+PRIOR_FREE_TEXT = (
+    "Without the prior over numbers (`prior_free_preference`): every list of as many shown references scored (6 "
+    "per world question: 2 of 4), and each list's score less its mean over the split's other questions that show "
+    "as many references (leave-one-out; contextual calibration after Zhao et al. 2021, with the split's questions "
+    "for the content-free input). A model that writes 1 first whatever the question carries that preference in "
+    "every question's scores and loses it here; what is left is what the question's references move. Gold first: "
+    "the share of questions whose gold list scores above every other, raw and calibrated, against chance (1 / the "
+    "lists); p: one-sided exact sign-flip tests of the calibrated columns against chance. The calibrated scores of "
+    "a question depend on the split's other questions (through the priors), so the tests are approximate."
+)
+
+
 PLACE_TEXT = (
     "By gold places (`citation_by_place`): the questions grouped by the places their supporting references hold "
     "among those shown, then by whether those hold reference 1; per stage the mean citation recall and the "
     "teacher-forced preference above. A reader that reads does as well where reference 1 is not gold as where it is."
 )
+
+
+def prior_free_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0) -> list[str]:
+    """Markdown rows of the every-list probes (split -> stage -> :func:`citation_preference` with ``lists=None``) by
+    split and stage: the gold list first raw and after :func:`prior_free_preference`, with its exact test against
+    chance, and the calibrated preference against 0.5."""
+    lines = [
+        "| split | stage | questions | lists per question | gold first, raw | gold first, calibrated | chance | "
+        "p (> chance) | calibrated preference | p (> 0.5) |",
+        "|---" * 10 + "|",
+    ]
+    for split, stages in probes.items():
+        for stage, probe in stages.items():
+            n = len(probe["scores"])
+            if not n:
+                lines.append(f"| {split} | {stage} | 0 |" + " – |" * 7)
+                continue
+            raw = preference_scores(probe["scores"])
+            per = prior_free_preference(probe)["per_example"]
+            vs_first = compare(per["first_chance"], per["first"], seed)
+            vs_half = compare([0.5] * n, per["preference"], seed)
+            lines.append(
+                f"| {split} | {stage} | {n} | {sum(map(len, probe['scores'])) / n:.1f} | "
+                f"{sum(raw['first']) / n:.3f} | {sum(per['first']) / n:.3f} | {sum(per['first_chance']) / n:.3f} | "
+                f"{vs_first['p_exact']:.3g} | {sum(per['preference']) / n:.3f} | {vs_half['p_exact']:.3g} |"
+            )
+    return lines
 
 
 def place_tables(
@@ -799,15 +916,21 @@ def place_tables(
     agent: Any,
     seed: int,
     evaluations: dict[str, dict[str, dict[str, Any]]] | None = None,
+    every_list: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> list[str]:
-    """:func:`citation_by_place` of each split in ``examples``: its ``evaluations``' citation recall (when given) and
-    its ``probes``' preference, each under a heading."""
+    """:func:`citation_by_place` of each split in ``examples``: its ``evaluations``' citation recall (when given), its
+    ``probes``' preference and the prior-free preference of its ``every_list`` probes (when given), each split under
+    a heading."""
     lines: list[str] = []
     for split, questions in examples.items():
         recall = {
             stage: ev["per_example"]["citation_recall"] for stage, ev in (evaluations or {}).get(split, {}).items()
         }
         preference = {stage: probe["per_example"]["preference"] for stage, probe in probes.get(split, {}).items()}
+        preference |= {  # the same questions in the same order (preference_jobs skips the same ones)
+            f"{stage}, prior-free": prior_free_preference(probe)["per_example"]["preference"]
+            for stage, probe in (every_list or {}).get(split, {}).items()
+        }
         lines += [f"**{split}**", "", *citation_by_place(questions, agent, recall, preference, PREFERENCE_LISTS, seed)]
         lines.append("")
     return lines
@@ -820,21 +943,25 @@ def write_probe(
     seed: int,
     examples: dict[str, list[Any]],
     agent: Any,
+    every_list: dict[str, dict[str, dict[str, Any]]],
 ) -> None:
     """``--probe-only``'s report: ``results.md`` and ``results.json`` (``probe_only``: true) in the results directory,
     where later runs find its evaluations by key like any committed ones; ``examples``: each split's questions, for
-    the by-place tables (:func:`place_tables`)."""
+    the by-place tables (:func:`place_tables`); ``every_list``: the every-list probes (:func:`prior_free_table`)."""
     table = preference_table(probes, seed)
+    prior_free = prior_free_table(every_list, seed)
     skipped = [
         f"- {split} {stage}: skipped {probe['skipped']}, model `{short(probe['model']) or 'none'}`"
         for split, stages in probes.items()
         for stage, probe in stages.items()
     ]
     lines = exp.header("ARENA: teacher-forced citation preference", PREFERENCE_TEXT)
-    lines += [*table, "", *skipped, "", PLACE_TEXT, "", *place_tables(probes, examples, agent, seed)]
+    lines += [*table, "", *skipped, "", PRIOR_FREE_TEXT, "", *prior_free, ""]
+    lines += [PLACE_TEXT, "", *place_tables(probes, examples, agent, seed, every_list=every_list)]
     lines += [exp.seconds_line(), "", *settings_block(settings)]
-    exp.write({"probe_only": True, "settings": settings, "citation_preference": probes}, "\n".join(lines) + "\n")
-    print("\n".join(table), flush=True)
+    report = {"probe_only": True, "settings": settings, "citation_preference": probes, "every_list": every_list}
+    exp.write(report, "\n".join(lines) + "\n")
+    print("\n".join([*table, "", *prior_free]), flush=True)
 
 
 def cited_numbers(example: Any, references: list[Any], order: str = "sorted") -> list[int]:
@@ -1111,6 +1238,7 @@ def main() -> None:
     base = base_model(args.smoke, exp.work)
 
     probes: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in splits}
+    every_list: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in splits}
     probed = dict(splits)  # each probed split's questions
 
     def eval_key(model: Path, split: str) -> dict[str, Any]:
@@ -1132,6 +1260,14 @@ def main() -> None:
                     model, examples, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed, orders=orders
                 ),
             )
+            every_list[split][stage] = exp.evaluate(
+                stage,
+                f"{split.replace(' ', '-')}-every-list",
+                {**key, "probe": {**probe_key, "lists": "all"}},
+                lambda examples=examples: citation_preference(
+                    model, examples, agent, EVERY_LIST_OPTIONS, None, args.seed, orders=orders
+                ),
+            )
             if args.probe_only:
                 continue
             evaluations[split][stage] = exp.evaluate(
@@ -1143,6 +1279,7 @@ def main() -> None:
 
     for split, examples in splits.items():  # the same comparison for a reader of words alone: no model, not cached
         probes[split]["word overlap"] = overlap_preference(examples, agent, PREFERENCE_LISTS, args.seed)
+        every_list[split]["word overlap"] = overlap_preference(examples, agent, None, args.seed)
         if not args.probe_only:
             continue
         probes[split]["base: question likelihood"] = exp.evaluate(  # does the base know the references? (probe-only)
@@ -1190,26 +1327,35 @@ def main() -> None:
             split = "warm start's own train questions"
             probed[split] = trained
             probes[split] = {"word overlap": overlap_preference(trained, agent, PREFERENCE_LISTS, args.seed)}
+            every_list[split] = {"word overlap": overlap_preference(trained, agent, None, args.seed)}
             for stage, model in ([] if args.skip_base else [("base", base)]) + [("warm start", start)]:
+                own_key = {
+                    "model": str(model),
+                    "files": train_names,
+                    "after": w["after"],
+                    "questions": w["questions"],
+                    **({"first": OWN_PROBE_MAX} if w["questions"] > OWN_PROBE_MAX else {}),
+                    **({"fill": True} if w.get("fill") else {}),
+                    "agent": agent_key,
+                }
                 probes[split][stage] = exp.evaluate(
                     stage,
                     "train-preference",
-                    {
-                        "model": str(model),
-                        "files": train_names,
-                        "after": w["after"],
-                        "questions": w["questions"],
-                        **({"first": OWN_PROBE_MAX} if w["questions"] > OWN_PROBE_MAX else {}),
-                        **({"fill": True} if w.get("fill") else {}),
-                        "agent": agent_key,
-                        "probe": probe_key,
-                    },
+                    {**own_key, "probe": probe_key},
                     lambda model=model: citation_preference(
                         model, trained, agent, PROBE_OPTIONS, PREFERENCE_LISTS, args.seed, orders=orders
                     ),
                 )
+                every_list[split][stage] = exp.evaluate(
+                    stage,
+                    "train-every-list",
+                    {**own_key, "probe": {**probe_key, "lists": "all"}},
+                    lambda model=model: citation_preference(
+                        model, trained, agent, EVERY_LIST_OPTIONS, None, args.seed, orders=orders
+                    ),
+                )
     if args.probe_only:
-        write_probe(exp, probes, trial_settings, args.seed, probed, agent)
+        write_probe(exp, probes, trial_settings, args.seed, probed, agent, every_list)
         return
 
     grpo_key = {"model": str(start), "files": train_names, "grpo": s["grpo"], "agent": agent_key, "seed": args.seed}
@@ -1353,9 +1499,13 @@ def main() -> None:
         "",
         *preference_table(probes, args.seed),
         "",
+        PRIOR_FREE_TEXT,
+        "",
+        *prior_free_table(every_list, args.seed),
+        "",
         PLACE_TEXT,
         "",
-        *place_tables(probes, splits, agent, args.seed, evaluations),
+        *place_tables(probes, splits, agent, args.seed, evaluations, every_list),
     ]
     if "dev" in evaluations:
         lines += ["## Dev", "", *stage_table(evaluations["dev"], METRICS), ""]
@@ -1376,6 +1526,7 @@ def main() -> None:
             "citation_outcomes": outcomes,
             "citation_advantages": pushed,
             "citation_preference": probes,
+            "every_list": every_list,
             "trials": trials,
             **({"declaration": declared} if declared else {}),
         },

@@ -242,6 +242,65 @@ def test_arena_citation_preference_on_all_orders_scores_a_list_as_a_set() -> Non
         block_orders([1], "hops", rng)
 
 
+def test_arena_prior_free_preference_removes_a_prior_over_numbers_and_keeps_what_the_references_move() -> None:
+    """A scripted reader with a strong prior (+3 on any list holding reference 1) and a weak reading (+1 on the gold
+    list): raw, the gold list scores first only where it holds 1 (3 of the 6 questions, one per list of 2 of 4);
+    after prior_free_scores (each list less its leave-one-out mean over the other questions) it scores first on
+    all 6. The every-list probe scores all C(4, 2) = 6 lists, gold first, and keeps the raw scores; a list no
+    other question scores takes its length's mean prior and is counted."""
+    import asyncio
+    import random
+    from itertools import combinations
+
+    from learn_arena import (
+        citation_preference,
+        preference_lists,
+        preference_scores,
+        prior_free_preference,
+        prior_free_scores,
+        prior_free_table,
+    )
+
+    from sleuth.agents.arena import ArenaConfig
+    from sleuth.llm import Score
+    from sleuth.records import Example, Passage
+
+    golds = [list(c) for c in combinations(range(1, 5), 2)]
+    refs = [Passage(id=f"p{i}", title=f"T{i}", text=f"text {i}") for i in range(1, 5)]
+    examples = [
+        Example(id=f"q{j}", question=f"q{j}?", answers=["x"], context=refs, supporting_ids=[f"p{i}" for i in gold])
+        for j, gold in enumerate(golds)
+    ]
+    by_question = {f"q{j}?": gold for j, gold in enumerate(golds)}
+
+    class PriorReader:
+        async def score(self, prompt: object, completion: str) -> Score:
+            await asyncio.sleep(0)
+            text = prompt[0]["content"]  # type: ignore[index]
+            gold = next(g for q, g in by_question.items() if q in text)
+            numbers = [int(x) for x in completion.split("[")[1].split("]")[0].split(",")]
+            value = 3.0 * (1 in numbers) + 1.0 * (numbers == gold)
+            return Score(logprob=value, token_logprobs=[], tokens=[])
+
+    assert preference_lists([2, 3], 4, None, random.Random(0)) == [[1, 2], [1, 3], [1, 4], [2, 4], [3, 4]]
+    agent = ArenaConfig(max_references=4)
+    probe = citation_preference(Path("unused"), examples, agent, "", lists=None, llm=PriorReader())
+    assert [c[0] for c in probe["candidates"]] == golds and all(len(c) == 6 for c in probe["candidates"])
+    assert probe["shown"] == [4] * 6 and len(probe["scores"]) == 6
+    assert preference_scores(probe["scores"])["first"] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    calibrated = prior_free_preference(probe)
+    assert calibrated["per_example"]["first"] == [1.0] * 6 and calibrated["fallback"] == 0
+    assert calibrated["per_example"]["first_chance"] == [pytest.approx(1 / 6)] * 6
+    # gold: 1 - 0 (no other question has this gold); every other list: 0 - 1/5 (one of the 5 others has it as gold)
+    shifted, _ = prior_free_scores(probe["candidates"], probe["scores"], probe["shown"])
+    assert shifted[0] == [pytest.approx(1.0)] + [pytest.approx(-0.2)] * 5
+    table = "\n".join(prior_free_table({"test": {"reader": probe}}))
+    assert "| test | reader | 6 | 6.0 | 0.500 | 1.000 | 0.167 |" in table
+    # a list only one question scores (3 shown): its prior is the mean prior of the other lists of its length
+    lone, fallback = prior_free_scores([[[1, 2]], [[1, 3]], [[2, 3]]], [[-1.0], [-2.0], [-4.0]], [3, 4, 3])
+    assert fallback == 3 and lone[0] == [pytest.approx(-1.0 - -4.0)] and lone[1] == [pytest.approx(-2.0)]
+
+
 def test_arena_overlap_preference_scores_the_probe_lists_by_the_question_words_they_contain() -> None:
     """overlap_preference on citation_preference's own questions and lists: where the gold reference alone shares
     the question's words, the gold list beats every random list; where a distractor shares more, it loses to the
@@ -1413,6 +1472,10 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     )
     report = (results / "results.md").read_text()
     assert "## Citation preference (teacher-forced)" in report and "| **lacks 1** |" in report
+    every = written["every_list"]["test"]  # every list scored, with raw scores, and its prior-free reading
+    assert set(every) == {"word overlap", "warm start", "GRPO"} and every["GRPO"]["scores"]
+    assert all(len(c) == len(s) for c, s in zip(every["GRPO"]["candidates"], every["GRPO"]["scores"], strict=True))
+    assert "| gold first, calibrated |" in report and "GRPO, prior-free: preference" in report
     assert sum(row["episodes"] for row in written["citation_outcomes"].values()) > 0  # the steps' episodes, by match
     pushed = written["citation_advantages"]  # the same episodes' advantages by first cited number
     assert sum(g["groups"] for g in pushed["groups"].values()) > 0 and "| first number cited |" in report
@@ -1428,6 +1491,8 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     own = probed["citation_preference"]["warm start's own train questions"]  # 4 smoke warm-start questions
     assert set(own) == {"word overlap", "warm start"} and len(own["warm start"]["per_example"]["preference"]) == 4
     assert "**warm start's own train questions**" in (tmp_path / "probe" / "results.md").read_text()  # by place
+    assert set(probed["every_list"]["warm start's own train questions"]) == {"word overlap", "warm start"}
+    assert probed["every_list"]["test"]["warm start"]["scores"] == every["warm start"]["scores"]  # read back
     read_back = probed["citation_preference"]["test"]["warm start"]  # the full run's probe, found by its key
     assert read_back["per_example"] == preference["warm start"]["per_example"]
     assert "questions 4-5 of each dev file" in (results / "results.md").read_text()
