@@ -183,6 +183,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--warmup-shuffles is a count of orders: at least 1 (the given order)")
     if args.warmup_epochs <= 0:
         raise SystemExit("--warmup-epochs must be positive")
+    if args.warmup_target != "full" and not args.probe_only:
+        raise SystemExit("--warmup-target relevance trains a model that writes no answer: use it with --probe-only")
     if args.test_start < 0 or min(sizes["test"], sizes["dev"]) < 0:
         raise SystemExit("--test-start, --test-questions and --dev-questions are counts: not negative")
     if args.test_start + sizes["test"] > DEV_OFFSET or sizes["dev"] > 200 - DEV_OFFSET:
@@ -209,6 +211,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             **({"epochs": args.warmup_epochs} if args.warmup_epochs != WARMUP_EPOCHS else {}),
             **({"fill": True} if args.warmup_fill else {}),
             **({"order": args.warmup_order} if args.warmup_order != "sorted" else {}),
+            **({"target": args.warmup_target} if args.warmup_target != "full" else {}),
         },
         "grpo": {
             "train_per_file": sizes["train"],
@@ -984,12 +987,21 @@ def cited_numbers(example: Any, references: list[Any], order: str = "sorted") ->
     return first + [i for i in gold if i not in first]
 
 
-def warmup_target(example: Any, references: list[Any], order: str = "sorted") -> str:
+WARMUP_TARGETS = ("full", "relevance")
+
+
+def warmup_target(example: Any, references: list[Any], order: str = "sorted", target: str = "full") -> str:
     """ARENA's SFT target layout (arena.md §3.5) with a templated analysis citing each gold reference, in
-    :func:`cited_numbers` order."""
+    :func:`cited_numbers` order. ``target="relevance"``: the relevance block alone (a lever, not the paper's
+    layout: the loss falls on the list that binds the question to its references, ~10 tokens, instead of ~2 of
+    the full target's ~60; the model then stops after it, so such a warm start is for the probes, not GRPO)."""
     import re
 
+    if target not in WARMUP_TARGETS:
+        raise ValueError(f"warm-start target {target!r}: one of {WARMUP_TARGETS}")
     gold = cited_numbers(example, references, order)
+    if target == "relevance":
+        return relevance_block(gold)
     claims = []
     for i in gold:
         text = references[i - 1].text.replace("<", " ").strip()
@@ -1031,11 +1043,13 @@ def warmup_records(
     seed: int = 0,
     fill: bool = False,
     order: str = "sorted",
+    target: str = "full",
 ) -> list[dict[str, Any]]:
     """The warm start's chat records: :func:`warmup_questions` with ARENA's prompt and the :func:`warmup_target`
-    completion. ``shuffles`` > 1: each question that many times, in its given order and then in ``shuffles - 1``
-    random orders of its references (the gold numbers move with them), so a gold list goes with the references'
-    words, not their places, and the warm start sees more relevance lists. ``order``: :func:`cited_numbers`."""
+    completion (``target``). ``shuffles`` > 1: each question that many times, in its given order and then in
+    ``shuffles - 1`` random orders of its references (the gold numbers move with them), so a gold list goes with the
+    references' words, not their places, and the warm start sees more relevance lists. ``order``:
+    :func:`cited_numbers`."""
     import random
 
     from sleuth.agents.arena import arena_prompt
@@ -1052,7 +1066,7 @@ def warmup_records(
             prompt = arena_prompt(example.question, shown, agent.prompt)
             messages = [
                 {"role": "user", "content": prompt},
-                {"role": "assistant", "content": warmup_target(example, shown, order)},
+                {"role": "assistant", "content": warmup_target(example, shown, order, target)},
             ]
             records.append({"messages": messages})
     return records
@@ -1145,6 +1159,13 @@ def main() -> None:
         default="sorted",
         help="the order of the warm start's cited numbers (relevance list and analysis): ascending (arena.md §3.5) "
         "or the gold decomposition's hop order (a deviation; R_rel compares sets)",
+    )
+    parser.add_argument(
+        "--warmup-target",
+        choices=WARMUP_TARGETS,
+        default="full",
+        help="the warm start's completion: ARENA's full layout (relevance, analysis, answer) or the relevance block "
+        "alone (a probe lever: the loss on the binding tokens only; needs --probe-only, the model writes no answer)",
     )
     parser.add_argument(
         "--probe-only",
@@ -1313,6 +1334,7 @@ def main() -> None:
                 args.seed,
                 w.get("fill", False),
                 w.get("order", "sorted"),
+                w.get("target", "full"),
             )
             model = format_warmup(base, records, out, w["lr"], w.get("epochs", WARMUP_EPOCHS))
             return {"model": str(model), "records": len(records), "questions": len(records) // shuffles}

@@ -432,6 +432,11 @@ def test_arena_warmup_cites_in_hop_order_when_asked_and_ascending_by_default() -
     assert arena_relevance_reward(target, {2, 4, 5}) == 1.0
     with pytest.raises(ValueError, match="order"):
         cited_numbers(example, refs, "random")
+    # the relevance-only lever: the same list, nothing after it
+    assert warmup_target(example, refs, "hops", "relevance") == "<relevance>\n[4, 2, 5]\n</relevance>"
+    assert warmup_target(example, refs, target="relevance") == "<relevance>\n[2, 4, 5]\n</relevance>"
+    with pytest.raises(ValueError, match="target"):
+        warmup_target(example, refs, target="analysis")
 
 
 def test_arena_citations_by_place_and_outcome_separate_a_first_number_guesser_from_a_reader() -> None:
