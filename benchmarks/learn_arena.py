@@ -839,13 +839,27 @@ def preference_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0
             if not n:
                 lines.append(f"| {split} | {stage} | 0 | – | – | – | – | – |")
                 continue
-            vs_half = compare([0.5] * n, per["preference"], seed)
-            vs_first = compare(per["first_chance"], per["first"], seed)
+            c = preference_cells(per, seed)
             lines.append(
-                f"| {split} | {stage} | {n} | {sum(per['preference']) / n:.3f} | {vs_half['p_exact']:.3g} | "
-                f"{sum(per['first']) / n:.3f} | {sum(per['first_chance']) / n:.3f} | {vs_first['p_exact']:.3g} |"
+                f"| {split} | {stage} | {n} | {c['preference']} | {c['p_half']} | {c['first']} | {c['chance']} | "
+                f"{c['p_chance']} |"
             )
     return lines
+
+
+def preference_cells(per: dict[str, list[float]], seed: int) -> dict[str, str]:
+    """A preference probe's per-question results as table cells: the mean ``preference`` and its one-sided exact
+    test against 0.5 (``p_half``), the mean ``first`` and its ``chance`` and its test against that (``p_chance``)."""
+    n = len(per["preference"])
+    vs_half = compare([0.5] * n, per["preference"], seed)
+    vs_first = compare(per["first_chance"], per["first"], seed)
+    return {
+        "preference": f"{sum(per['preference']) / n:.3f}",
+        "p_half": f"{vs_half['p_exact']:.3g}",
+        "first": f"{sum(per['first']) / n:.3f}",
+        "chance": f"{sum(per['first_chance']) / n:.3f}",
+        "p_chance": f"{vs_first['p_exact']:.3g}",
+    }
 
 
 # the hf engine scores; a batch holds 8 prompts' 5 blocks each, so a prompt's blocks share one pass over it
@@ -902,13 +916,11 @@ def prior_free_table(probes: dict[str, dict[str, dict[str, Any]]], seed: int = 0
                 lines.append(f"| {split} | {stage} | 0 |" + " – |" * 7)
                 continue
             raw = preference_scores(probe["scores"])
-            per = prior_free_preference(probe)["per_example"]
-            vs_first = compare(per["first_chance"], per["first"], seed)
-            vs_half = compare([0.5] * n, per["preference"], seed)
+            c = preference_cells(prior_free_preference(probe)["per_example"], seed)
             lines.append(
                 f"| {split} | {stage} | {n} | {sum(map(len, probe['scores'])) / n:.1f} | "
-                f"{sum(raw['first']) / n:.3f} | {sum(per['first']) / n:.3f} | {sum(per['first_chance']) / n:.3f} | "
-                f"{vs_first['p_exact']:.3g} | {sum(per['preference']) / n:.3f} | {vs_half['p_exact']:.3g} |"
+                f"{sum(raw['first']) / n:.3f} | {c['first']} | {c['chance']} | {c['p_chance']} | "
+                f"{c['preference']} | {c['p_half']} |"
             )
     return lines
 
