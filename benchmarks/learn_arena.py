@@ -75,6 +75,9 @@ files to remove (results of two settings are never mixed): give each warm start 
     python benchmarks/learn_arena.py --world --probe-only --format-warmup 500 --warmup-epochs 1   # the world's
     python benchmarks/learn_arena.py --world --probe-only --skip-base --format-warmup 2000 --warmup-epochs 1 \
         --warmup-order hops --work $SLEUTH_HOME/runs/learn-arena-world2000-hops   # hop-order citations (~2 h)
+    python benchmarks/learn_arena.py --world --world-hops 1 --probe-only --skip-base --format-warmup 500 \
+        --warmup-epochs 1 --warmup-target relevance --work $SLEUTH_HOME/runs/learn-arena-world1hop500-relevance
+        # the literal binding: 1-hop questions that name their reference's title (chance 1/4)
 
 Engines. ``--engine`` runs the evaluations on ``hf`` or on a vLLM server sleuth starts on each model (``vllm``, or a
 ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when vLLM is installed (``make vllm``), else
@@ -183,6 +186,11 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--warmup-shuffles is a count of orders: at least 1 (the given order)")
     if args.warmup_epochs <= 0:
         raise SystemExit("--warmup-epochs must be positive")
+    if args.world_hops != 2 and not (args.world and args.probe_only):
+        raise SystemExit(
+            "--world-hops 1 is a probe world (its questions name their one reference): use it with "
+            "--world --probe-only"
+        )
     if args.warmup_target != "full" and not args.probe_only:
         raise SystemExit("--warmup-target relevance trains a model that writes no answer: use it with --probe-only")
     if args.test_start < 0 or min(sizes["test"], sizes["dev"]) < 0:
@@ -193,7 +201,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             f"--dev-questions is at most {200 - DEV_OFFSET} (the dev files hold 200 questions each)"
         )
     return {
-        **({"world": {**WORLD, "seed": args.seed}} if args.world else {}),
+        **({"world": world_settings(args.world_hops, args.seed)} if args.world else {}),
         "eval": {
             "test_per_file": sizes["test"],
             "dev_per_file": sizes["dev"],
@@ -226,6 +234,18 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             **({"accuracy": args.accuracy} if args.accuracy != "em" else {}),
         },
     }
+
+
+def world_settings(hops: int, seed: int) -> dict[str, Any]:
+    """The synthetic world's knobs: :data:`WORLD` (2-hop questions, 4 references) or, ``hops=1``, its 1-hop twin for
+    the probes: a bridge question of one hop names its gold reference's title (``In which country is Gokra
+    located?``, the reference ``Gokra`` among 3 distractors, lookalike names included), so the binding of a number to
+    a reference is literal; no comparisons (they need 2 hops). The 2-hop world's key is unchanged."""
+    if hops == 2:
+        return {**WORLD, "seed": seed}
+    if hops != 1:
+        raise ValueError(f"hops={hops}: 1 or 2")
+    return {**WORLD, "min_hops": 1, "max_hops": 1, "distractors": 3, "comparison_fraction": 0.0, "seed": seed}
 
 
 def declaration(settings: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -1192,6 +1212,14 @@ def main() -> None:
         "~430 prompt tokens) instead of the dev and train files; --test/--dev-questions x 3 of its test and dev "
         "questions (as many as the dev files give); with --probe-only also the dev files' slices (transfer). "
         "Default work and results: runs/learn-arena-world, results/world",
+    )
+    parser.add_argument(
+        "--world-hops",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="with --world --probe-only: 1, the world's 1-hop twin (each question names its one gold reference's "
+        "title among 4: the literal binding, chance 1/4; world_settings); default 2",
     )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument(

@@ -439,6 +439,48 @@ def test_arena_warmup_cites_in_hop_order_when_asked_and_ascending_by_default() -
         warmup_target(example, refs, target="analysis")
 
 
+def test_arena_one_hop_world_names_its_reference_and_the_probe_levers_need_probe_only(tmp_path: Path) -> None:
+    """learn_arena.world_settings: the 2-hop world's key is WORLD's; its 1-hop twin shows 4 references of which the
+    one supporting reference is the one whose title the question names (the literal binding). settings() refuses
+    the probe-only levers (a relevance-only target, the 1-hop world) in a run that would go on to GRPO."""
+    import argparse
+
+    from learn_arena import WORLD, settings, world_settings
+
+    from sleuth.data.synth import load_synth, synthesize
+
+    assert world_settings(2, 3) == {**WORLD, "seed": 3}
+    one_hop = world_settings(1, 0)
+    sizes = {"train_questions": 20, "dev_questions": 10, "test_questions": 12}
+    synthesize(tmp_path, **{**one_hop, **sizes})
+    examples = list(load_synth(tmp_path / "test.jsonl"))
+    assert len(examples) == 12
+    for example in examples:
+        assert len(example.context) == 4 and len(example.supporting_ids) == 1
+        (gold,) = [p for p in example.context if p.id in example.supporting_ids]
+        assert gold.title in example.question
+        assert example.answers[0] in gold.text
+    with pytest.raises(ValueError, match="hops"):
+        world_settings(3, 0)
+    args = argparse.Namespace(
+        smoke=False, world=True, world_hops=2, probe_only=True, seed=0, test_questions=34, dev_questions=34,
+        test_start=0, train_questions=60, steps=4, prompts=4, group=4, lr=5e-4, accuracy="em", max_references=6,
+        format_warmup=32, warmup_lr=1e-4, warmup_shuffles=1, warmup_epochs=1.0, warmup_fill=False,
+        warmup_order="sorted", warmup_target="relevance",
+    )  # fmt: skip
+    assert settings(args)["warmup"]["target"] == "relevance"
+    args.world_hops = 1
+    assert settings(args)["world"] == one_hop
+    for field, value in (("probe_only", False), ("world", False)):
+        wrong = argparse.Namespace(**{**vars(args), field: value})
+        with pytest.raises(SystemExit, match="probe-only"):
+            settings(wrong)
+    args.world_hops = 2
+    args.probe_only = False
+    with pytest.raises(SystemExit, match="writes no answer"):
+        settings(args)
+
+
 def test_arena_citations_by_place_and_outcome_separate_a_first_number_guesser_from_a_reader() -> None:
     """learn_arena's diagnosis tables on a reader that always cites [1]: citation_by_place groups questions by their
     gold places, recall 1 where they hold reference 1 and 0 where not (preference aligned through the probe's
