@@ -245,7 +245,15 @@ def world_settings(hops: int, seed: int) -> dict[str, Any]:
         return {**WORLD, "seed": seed}
     if hops != 1:
         raise ValueError(f"hops={hops}: 1 or 2")
-    return {**WORLD, "min_hops": 1, "max_hops": 1, "distractors": 3, "comparison_fraction": 0.0, "seed": seed}
+    return {
+        **WORLD,
+        "min_hops": 1,
+        "max_hops": 1,
+        "distractors": 3,
+        "comparison_fraction": 0.0,
+        "train_questions": 3000,  # 1,000 entities make ~3,300 distinct 1-hop questions
+        "seed": seed,
+    }
 
 
 def declaration(settings: dict[str, Any], seed: int) -> dict[str, Any]:

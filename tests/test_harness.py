@@ -451,10 +451,10 @@ def test_arena_one_hop_world_names_its_reference_and_the_probe_levers_need_probe
 
     assert world_settings(2, 3) == {**WORLD, "seed": 3}
     one_hop = world_settings(1, 0)
-    sizes = {"train_questions": 20, "dev_questions": 10, "test_questions": 12}
-    synthesize(tmp_path, **{**one_hop, **sizes})
+    made = synthesize(tmp_path, **one_hop)  # at full size (~1 s): the world the probe runs on can be made
+    assert made["counts"]["questions"]["train"]["hops"] == {"1": one_hop["train_questions"]}
     examples = list(load_synth(tmp_path / "test.jsonl"))
-    assert len(examples) == 12
+    assert len(examples) == one_hop["test_questions"]
     for example in examples:
         assert len(example.context) == 4 and len(example.supporting_ids) == 1
         (gold,) = [p for p in example.context if p.id in example.supporting_ids]
