@@ -921,6 +921,10 @@ PRIOR_FREE_TEXT = (
 )
 
 
+TRAINING_TEXT = (
+    "The warm start's training (`warmup_training`, from its model's `log.jsonl` where the model is on this machine): "
+    "TRL's loss per completion token at evenly spaced logged steps."
+)
 PLACE_TEXT = (
     "By gold places (`citation_by_place`): the questions grouped by the places their supporting references hold "
     "among those shown, then by whether those hold reference 1; per stage the mean citation recall and the "
@@ -987,10 +991,12 @@ def write_probe(
     examples: dict[str, list[Any]],
     agent: Any,
     every_list: dict[str, dict[str, dict[str, Any]]],
+    training: dict[str, Any] | None = None,
 ) -> None:
     """``--probe-only``'s report: ``results.md`` and ``results.json`` (``probe_only``: true) in the results directory,
     where later runs find its evaluations by key like any committed ones; ``examples``: each split's questions, for
-    the by-place tables (:func:`place_tables`); ``every_list``: the every-list probes (:func:`prior_free_table`)."""
+    the by-place tables (:func:`place_tables`); ``every_list``: the every-list probes (:func:`prior_free_table`);
+    ``training``: the warm start's loss curve (:func:`warmup_training`, ``warmup_training`` in results.json)."""
     table = preference_table(probes, seed)
     prior_free = prior_free_table(every_list, seed)
     skipped = [
@@ -1001,8 +1007,12 @@ def write_probe(
     lines = exp.header("ARENA: teacher-forced citation preference", PREFERENCE_TEXT)
     lines += [*table, "", *skipped, "", PRIOR_FREE_TEXT, "", *prior_free, ""]
     lines += [PLACE_TEXT, "", *place_tables(probes, examples, agent, seed, every_list=every_list)]
+    if settings.get("warmup", {}).get("questions"):
+        lines += [TRAINING_TEXT, "", *training_lines(training)]
     lines += [exp.seconds_line(), "", *settings_block(settings)]
     report = {"probe_only": True, "settings": settings, "citation_preference": probes, "every_list": every_list}
+    if training:
+        report["warmup_training"] = training
     exp.write(report, "\n".join(lines) + "\n")
     print("\n".join([*table, "", *prior_free]), flush=True)
 
@@ -1110,6 +1120,84 @@ def warmup_records(
             ]
             records.append({"messages": messages})
     return records
+
+
+def token_ids(encoded: Any) -> list[int]:
+    """``apply_chat_template(tokenize=True)``'s ids: a list before transformers 5, a BatchEncoding since."""
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def warmup_training(model: Path) -> dict[str, Any] | None:
+    """The warm start's training log read back beside what a reader of its targets' spread alone would score:
+    ``log`` (TRL's mean completion-token loss every ``logging_steps``, from ``model/log.jsonl``), ``tokens`` (the
+    completions' mean length in tokens as TRL masks them: the chat template of prompt and completion minus that of
+    the prompt with its generation prompt), ``late_loss`` (the mean logged loss over the second half of the steps)
+    and ``late_nats`` (that x ``tokens``: nats per completion), and ``list_entropy`` (nats: the entropy of the
+    records' relevance lists, what a model that learns their spread but not which list a question asks for pays on
+    a completion whose other tokens it copies). None when the log or the records are not on this machine."""
+    import math
+    import re
+
+    log_path, records_path = model / "log.jsonl", model.parent / "records.jsonl"
+    if not (log_path.exists() and records_path.exists()):
+        return None
+    log = [
+        {k: row[k] for k in ("step", "loss", "learning_rate", "mean_token_accuracy") if k in row}
+        for row in map(json.loads, log_path.read_text().splitlines())
+        if "loss" in row and "step" in row
+    ]
+    if not log:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    records = [json.loads(line) for line in records_path.read_text().splitlines()]
+    lists: dict[str, int] = {}
+    lengths = []
+    for record in records:
+        if "messages" in record:  # the warm start writes chat records; SFT splits them at the last turn
+            record = {"prompt": record["messages"][:-1], "completion": record["messages"][-1:]}
+        completion = record["completion"]
+        text = completion[-1]["content"]
+        found = re.search(r"<relevance>\s*(\[[^\]]*\])", text)
+        key = found.group(1) if found else "none"
+        lists[key] = lists.get(key, 0) + 1
+        prompt = tokenizer.apply_chat_template(record["prompt"], add_generation_prompt=True, tokenize=True)
+        whole = tokenizer.apply_chat_template(record["prompt"] + completion, tokenize=True)
+        lengths.append(len(token_ids(whole)) - len(token_ids(prompt)))
+    tokens = sum(lengths) / len(lengths)
+    late = [row["loss"] for row in log[len(log) // 2 :]]
+    late_loss = sum(late) / len(late)
+    entropy = -sum(n / len(records) * math.log(n / len(records)) for n in lists.values())
+    return {
+        "log": log,
+        "records": len(records),
+        "tokens": round(tokens, 2),
+        "late_loss": round(late_loss, 4),
+        "late_nats": round(late_loss * tokens, 3),
+        "list_entropy": round(entropy, 3),
+        "lists": dict(sorted(lists.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def training_lines(training: dict[str, Any] | None) -> list[str]:
+    """The warm start's loss curve (:func:`warmup_training`) as the probe report shows it: at most 8 logged steps."""
+    if not training:
+        return ["The warm start's training log is not on this machine (its model was not trained or kept here).", ""]
+    log = training["log"]
+    shown = sorted({round(i * (len(log) - 1) / 7) for i in range(8)}) if len(log) > 8 else range(len(log))
+    return [
+        "| step | loss / token | learning rate |",
+        "|---:|---:|---:|",
+        *(f"| {log[i]['step']} | {log[i]['loss']:.4f} | {log[i].get('learning_rate', 0):.2e} |" for i in shown),
+        "",
+        f"Over the second half of the steps the loss is {training['late_loss']:.4f} per token, "
+        f"x {training['tokens']:.1f} completion tokens = {training['late_nats']:.3f} nats per completion; the "
+        f"entropy of the {training['records']} records' relevance lists is {training['list_entropy']:.3f} nats "
+        f"({len(training['lists'])} distinct lists): a model that learns their spread but not which list a question "
+        "asks for pays about that.",
+        "",
+    ]
 
 
 def format_warmup(
@@ -1425,7 +1513,10 @@ def main() -> None:
                     ),
                 )
     if args.probe_only:
-        write_probe(exp, probes, trial_settings, args.seed, probed, agent, every_list)
+        training = warmup_training(start) if warm else None
+        if training is None and written.exists():  # trained on another machine: keep what its report read
+            training = json.loads(written.read_text()).get("warmup_training")
+        write_probe(exp, probes, trial_settings, args.seed, probed, agent, every_list, training)
         return
 
     grpo_key = {"model": str(start), "files": train_names, "grpo": s["grpo"], "agent": agent_key, "seed": args.seed}

@@ -481,6 +481,49 @@ def test_arena_one_hop_world_names_its_reference_and_the_probe_levers_need_probe
         settings(args)
 
 
+def test_arena_warmup_training_reads_the_loss_curve_against_the_entropy_of_the_targets_lists(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """learn_arena.warmup_training on a warm start's directory as format_warmup leaves it (``records.jsonl`` of chat
+    records beside ``model/`` with TRL's ``log.jsonl``): the late loss is the mean over the second half of the logged
+    steps, the completion length is the chat template's (prompt and completion minus prompt with its generation
+    prompt), and the lists' entropy is ln 4 for four lists equally often; nothing on this machine: None."""
+    import math
+
+    from learn_arena import training_lines, warmup_training
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "warmup" / "model"
+    shutil.copytree(tiny_model_dir, model)
+    assert warmup_training(model) is None  # no log, no records
+    prompt = [{"role": "user", "content": "<question>\nWhere is Gokra?\n</question>"}]
+    records = [
+        {"messages": [*prompt, {"role": "assistant", "content": f"<relevance>\n[{1 + i % 4}]\n</relevance>"}]}
+        for i in range(8)
+    ]
+    (model.parent / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    losses = [1.8, 0.6, 0.2, 0.1, 0.12, 0.08]
+    rows = [{"step": 2 * (i + 1), "loss": x, "learning_rate": 1e-4, "grad_norm": 1.0} for i, x in enumerate(losses)]
+    (model / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rows, {"step": 12, "train_runtime": 9}]))
+    training = warmup_training(model)
+    assert training is not None
+    assert [row["step"] for row in training["log"]] == [2, 4, 6, 8, 10, 12]  # the summary line without a loss: out
+    assert training["late_loss"] == pytest.approx(0.1, abs=1e-4)
+    assert training["list_entropy"] == pytest.approx(math.log(4), abs=1e-3)
+    assert training["lists"] == {"[1]": 2, "[2]": 2, "[3]": 2, "[4]": 2}
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    whole = tokenizer.apply_chat_template(records[0]["messages"], tokenize=False)
+    head = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    assert whole.startswith(head)
+    expected = len(tokenizer(whole)["input_ids"]) - len(tokenizer(head)["input_ids"])
+    assert expected > 0 and training["tokens"] == pytest.approx(expected, abs=1)
+    assert training["late_nats"] == pytest.approx(0.1 * training["tokens"], rel=1e-3)
+    lines = training_lines(training)
+    assert sum(line.startswith("| ") and "e-04" in line for line in lines) == 6
+    assert "1.386 nats (4 distinct lists)" in "\n".join(lines)
+    assert "not on this machine" in training_lines(None)[0]
+
+
 def test_arena_citations_by_place_and_outcome_separate_a_first_number_guesser_from_a_reader() -> None:
     """learn_arena's diagnosis tables on a reader that always cites [1]: citation_by_place groups questions by their
     gold places, recall 1 where they hold reference 1 and 0 where not (preference aligned through the probe's
