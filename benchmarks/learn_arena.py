@@ -191,6 +191,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "--world-hops 1 is a probe world (its questions name their one reference): use it with "
             "--world --probe-only"
         )
+    if args.world_lookalikes is not None and not (args.world and args.probe_only):
+        raise SystemExit("--world-lookalikes makes a probe world: use it with --world --probe-only")
     if args.warmup_target != "full" and not args.probe_only:
         raise SystemExit("--warmup-target relevance trains a model that writes no answer: use it with --probe-only")
     if args.test_start < 0 or min(sizes["test"], sizes["dev"]) < 0:
@@ -201,7 +203,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             f"--dev-questions is at most {200 - DEV_OFFSET} (the dev files hold 200 questions each)"
         )
     return {
-        **({"world": world_settings(args.world_hops, args.seed)} if args.world else {}),
+        **({"world": world_settings(args.world_hops, args.seed, args.world_lookalikes)} if args.world else {}),
         "eval": {
             "test_per_file": sizes["test"],
             "dev_per_file": sizes["dev"],
@@ -236,11 +238,17 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def world_settings(hops: int, seed: int) -> dict[str, Any]:
+def world_settings(hops: int, seed: int, lookalike_rate: float | None = None) -> dict[str, Any]:
     """The synthetic world's knobs: :data:`WORLD` (2-hop questions, 4 references) or, ``hops=1``, its 1-hop twin for
     the probes: a bridge question of one hop names its gold reference's title (``In which country is Gokra
     located?``, the reference ``Gokra`` among 3 distractors, lookalike names included), so the binding of a number to
-    a reference is literal; no comparisons (they need 2 hops). The 2-hop world's key is unchanged."""
+    a reference is literal; no comparisons (they need 2 hops). The 2-hop world's key is unchanged.
+    ``lookalike_rate`` (keyed only when given; the synthesizer's default 0.5): 0 leaves no name family, so the
+    distractors are entities of the gold one's type with names of their own and the binding is a match of names."""
+    if lookalike_rate is not None:
+        if not 0.0 <= lookalike_rate <= 1.0:
+            raise ValueError(f"lookalike_rate={lookalike_rate}: a probability")
+        return {**world_settings(hops, seed), "lookalike_rate": lookalike_rate}
     if hops == 2:
         return {**WORLD, "seed": seed}
     if hops != 1:
@@ -1316,6 +1324,13 @@ def main() -> None:
         default=2,
         help="with --world --probe-only: 1, the world's 1-hop twin (each question names its one gold reference's "
         "title among 4: the literal binding, chance 1/4; world_settings); default 2",
+    )
+    parser.add_argument(
+        "--world-lookalikes",
+        type=float,
+        default=None,
+        help="with --world --probe-only: the world's lookalike rate (default: the synthesizer's 0.5); 0: every "
+        "distractor has a name of its own (world_settings)",
     )
     parser.add_argument("--llm-options", default="threads=2&max_batch=32")
     parser.add_argument(

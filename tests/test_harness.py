@@ -462,19 +462,32 @@ def test_arena_one_hop_world_names_its_reference_and_the_probe_levers_need_probe
         assert example.answers[0] in gold.text
     with pytest.raises(ValueError, match="hops"):
         world_settings(3, 0)
+    plain = world_settings(1, 0, lookalike_rate=0.0)  # no name families: the distractors share no name stem
+    assert plain == {**one_hop, "lookalike_rate": 0.0}
+    synthesize(tmp_path / "plain", **plain)
+    for example in load_synth(tmp_path / "plain" / "test.jsonl"):
+        (gold,) = [p for p in example.context if p.id in example.supporting_ids]
+        assert not any(p.title.split()[0] == gold.title.split()[0] for p in example.context if p is not gold)
+    with pytest.raises(ValueError, match="probability"):
+        world_settings(1, 0, lookalike_rate=1.5)
     args = argparse.Namespace(
         smoke=False, world=True, world_hops=2, probe_only=True, seed=0, test_questions=34, dev_questions=34,
         test_start=0, train_questions=60, steps=4, prompts=4, group=4, lr=5e-4, accuracy="em", max_references=6,
         format_warmup=32, warmup_lr=1e-4, warmup_shuffles=1, warmup_epochs=1.0, warmup_fill=False,
-        warmup_order="sorted", warmup_target="relevance",
+        warmup_order="sorted", warmup_target="relevance", world_lookalikes=None,
     )  # fmt: skip
     assert settings(args)["warmup"]["target"] == "relevance"
     args.world_hops = 1
     assert settings(args)["world"] == one_hop
+    assert settings(argparse.Namespace(**{**vars(args), "world_lookalikes": 0.0}))["world"] == plain
     for field, value in (("probe_only", False), ("world", False)):
-        wrong = argparse.Namespace(**{**vars(args), field: value})
-        with pytest.raises(SystemExit, match="probe-only"):
-            settings(wrong)
+        for lookalikes in (None, 0.0):
+            hops = 2 if lookalikes is not None else 1  # so that the lookalike check is the one that refuses
+            wrong = argparse.Namespace(
+                **{**vars(args), field: value, "world_lookalikes": lookalikes, "world_hops": hops}
+            )
+            with pytest.raises(SystemExit, match="probe-only"):
+                settings(wrong)
     args.world_hops = 2
     args.probe_only = False
     with pytest.raises(SystemExit, match="writes no answer"):
