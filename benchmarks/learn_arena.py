@@ -1530,7 +1530,9 @@ def main() -> None:
     if args.probe_only:
         training = warmup_training(start) if warm else None
         if training is None and written.exists():  # trained on another machine: keep what its report read
-            training = json.loads(written.read_text()).get("warmup_training")
+            previous = json.loads(written.read_text())
+            same = previous.get("settings") == json.loads(json.dumps(trial_settings))  # the same warm start only
+            training = previous.get("warmup_training") if same else None
         write_probe(exp, probes, trial_settings, args.seed, probed, agent, every_list, training)
         return
 
