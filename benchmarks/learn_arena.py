@@ -1149,11 +1149,12 @@ def warmup_training(model: Path) -> dict[str, Any] | None:
     log_path, records_path = model / "log.jsonl", model.parent / "records.jsonl"
     if not (log_path.exists() and records_path.exists()):
         return None
-    log = [
-        {k: row[k] for k in ("step", "loss", "learning_rate", "mean_token_accuracy") if k in row}
+    by_step = {  # a resumed warm start logs again the steps after its checkpoint: the later line wins
+        row["step"]: {k: row[k] for k in ("step", "loss", "learning_rate", "mean_token_accuracy") if k in row}
         for row in map(json.loads, log_path.read_text().splitlines())
         if "loss" in row and "step" in row
-    ]
+    }
+    log = [by_step[step] for step in sorted(by_step)]
     if not log:
         return None
     from transformers import AutoTokenizer

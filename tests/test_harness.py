@@ -517,10 +517,12 @@ def test_arena_warmup_training_reads_the_loss_curve_against_the_entropy_of_the_t
     (model.parent / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     losses = [1.8, 0.6, 0.2, 0.1, 0.12, 0.08]
     rows = [{"step": 2 * (i + 1), "loss": x, "learning_rate": 1e-4, "grad_norm": 1.0} for i, x in enumerate(losses)]
-    (model / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rows, {"step": 12, "train_runtime": 9}]))
+    killed = [{**row, "loss": 9.0} for row in rows[3:5]]  # steps 8 and 10 logged, then killed; resumed from step 6
+    lines = [*rows[:3], *killed, *rows[3:], {"step": 12, "train_runtime": 9}]
+    (model / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     training = warmup_training(model)
     assert training is not None
-    assert [row["step"] for row in training["log"]] == [2, 4, 6, 8, 10, 12]  # the summary line without a loss: out
+    assert [row["step"] for row in training["log"]] == [2, 4, 6, 8, 10, 12]  # once each; the summary line: out
     assert training["late_loss"] == pytest.approx(0.1, abs=1e-4)
     assert training["list_entropy"] == pytest.approx(math.log(4), abs=1e-3)
     assert training["lists"] == {"[1]": 2, "[2]": 2, "[3]": 2, "[4]": 2}
