@@ -1149,18 +1149,29 @@ def warmup_training(model: Path) -> dict[str, Any] | None:
     log_path, records_path = model / "log.jsonl", model.parent / "records.jsonl"
     if not (log_path.exists() and records_path.exists()):
         return None
-    by_step = {  # a resumed warm start logs again the steps after its checkpoint: the later line wins
-        row["step"]: {k: row[k] for k in ("step", "loss", "learning_rate", "mean_token_accuracy") if k in row}
-        for row in map(json.loads, log_path.read_text().splitlines())
-        if "loss" in row and "step" in row
-    }
+    by_step: dict[
+        int, dict[str, Any]
+    ] = {}  # a resumed warm start logs the steps after its checkpoint again: later wins
+    unreadable = 0  # a run killed mid-write leaves a partial line; counted, not fatal
+    for line in log_path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            unreadable += 1
+            continue
+        if isinstance(row, dict) and "loss" in row and "step" in row:
+            by_step[row["step"]] = {
+                k: row[k] for k in ("step", "loss", "learning_rate", "mean_token_accuracy") if k in row
+            }
     log = [by_step[step] for step in sorted(by_step)]
     if not log:
         return None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    records = [json.loads(line) for line in records_path.read_text().splitlines()]
+    records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+    if not records:
+        return None
     lists: dict[str, int] = {}
     lengths = []
     for record in records:
@@ -1180,6 +1191,7 @@ def warmup_training(model: Path) -> dict[str, Any] | None:
     entropy = -sum(n / len(records) * math.log(n / len(records)) for n in lists.values())
     return {
         "log": log,
+        "unreadable_log_lines": unreadable,
         "records": len(records),
         "tokens": round(tokens, 2),
         "late_loss": round(late_loss, 4),
@@ -1204,7 +1216,12 @@ def training_lines(training: dict[str, Any] | None) -> list[str]:
         f"x {training['tokens']:.1f} completion tokens = {training['late_nats']:.3f} nats per completion; the "
         f"entropy of the {training['records']} records' relevance lists is {training['list_entropy']:.3f} nats "
         f"({len(training['lists'])} distinct lists): a model that learns their spread but not which list a question "
-        "asks for pays about that.",
+        "asks for pays about that."
+        + (
+            f" {training['unreadable_log_lines']} unreadable log lines skipped."
+            if training.get("unreadable_log_lines")
+            else ""
+        ),
         "",
     ]
 

@@ -519,10 +519,12 @@ def test_arena_warmup_training_reads_the_loss_curve_against_the_entropy_of_the_t
     rows = [{"step": 2 * (i + 1), "loss": x, "learning_rate": 1e-4, "grad_norm": 1.0} for i, x in enumerate(losses)]
     killed = [{**row, "loss": 9.0} for row in rows[3:5]]  # steps 8 and 10 logged, then killed; resumed from step 6
     lines = [*rows[:3], *killed, *rows[3:], {"step": 12, "train_runtime": 9}]
-    (model / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    text = "".join(json.dumps(r) + "\n" for r in lines)
+    (model / "log.jsonl").write_text(text.replace("\n", '\n{"step": 10, "lo\n', 1))  # a line cut by a kill
     training = warmup_training(model)
     assert training is not None
     assert [row["step"] for row in training["log"]] == [2, 4, 6, 8, 10, 12]  # once each; the summary line: out
+    assert training["unreadable_log_lines"] == 1
     assert training["late_loss"] == pytest.approx(0.1, abs=1e-4)
     assert training["list_entropy"] == pytest.approx(math.log(4), abs=1e-3)
     assert training["lists"] == {"[1]": 2, "[2]": 2, "[3]": 2, "[4]": 2}
@@ -535,7 +537,7 @@ def test_arena_warmup_training_reads_the_loss_curve_against_the_entropy_of_the_t
     assert training["late_nats"] == pytest.approx(0.1 * training["tokens"], rel=1e-3)
     lines = training_lines(training)
     assert sum(line.startswith("| ") and "e-04" in line for line in lines) == 6
-    assert "1.386 nats (4 distinct lists)" in "\n".join(lines)
+    assert "1.386 nats (4 distinct lists)" in "\n".join(lines) and "1 unreadable log lines skipped" in "\n".join(lines)
     assert "not on this machine" in training_lines(None)[0]
 
 
