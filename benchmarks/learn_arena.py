@@ -1201,6 +1201,18 @@ def warmup_training(model: Path) -> dict[str, Any] | None:
     }
 
 
+def reported_training(model: Path, report: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`warmup_training` of ``model``, or, where the model was trained on another machine, the table the
+    previous ``report`` (a results.json) read, kept only when that report's settings are ``settings`` (the same warm
+    start; a different one's curve is never carried over)."""
+    training = warmup_training(model)
+    if training is None and report.exists():
+        previous = json.loads(report.read_text())
+        same = previous.get("settings") == json.loads(json.dumps(settings))  # as results.json round-trips them
+        training = previous.get("warmup_training") if same else None
+    return training
+
+
 def training_lines(training: dict[str, Any] | None) -> list[str]:
     """The warm start's loss curve (:func:`warmup_training`) as the probe report shows it: at most 8 logged steps."""
     if not training:
@@ -1545,12 +1557,8 @@ def main() -> None:
                         model, trained, agent, EVERY_LIST_OPTIONS, None, args.seed, orders=orders
                     ),
                 )
+    training = reported_training(start, written, trial_settings) if warm else None
     if args.probe_only:
-        training = warmup_training(start) if warm else None
-        if training is None and written.exists():  # trained on another machine: keep what its report read
-            previous = json.loads(written.read_text())
-            same = previous.get("settings") == json.loads(json.dumps(trial_settings))  # the same warm start only
-            training = previous.get("warmup_training") if same else None
         write_probe(exp, probes, trial_settings, args.seed, probed, agent, every_list, training)
         return
 
@@ -1689,6 +1697,7 @@ def main() -> None:
         "",
         *advantage_table(pushed),
         "",
+        *(["## The warm start's training", "", TRAINING_TEXT, "", *training_lines(training)] if warm else []),
         "## Citation preference (teacher-forced)",
         "",
         PREFERENCE_TEXT,
@@ -1723,6 +1732,7 @@ def main() -> None:
             "citation_advantages": pushed,
             "citation_preference": probes,
             "every_list": every_list,
+            **({"warmup_training": training} if training else {}),
             "trials": trials,
             **({"declaration": declared} if declared else {}),
         },

@@ -500,10 +500,11 @@ def test_arena_warmup_training_reads_the_loss_curve_against_the_entropy_of_the_t
     """learn_arena.warmup_training on a warm start's directory as format_warmup leaves it (``records.jsonl`` of chat
     records beside ``model/`` with TRL's ``log.jsonl``): the late loss is the mean over the second half of the logged
     steps, the completion length is the chat template's (prompt and completion minus prompt with its generation
-    prompt), and the lists' entropy is ln 4 for four lists equally often; nothing on this machine: None."""
+    prompt), and the lists' entropy is ln 4 for four lists equally often; nothing on this machine: None, or the
+    previous report's table where it was the same warm start's (reported_training)."""
     import math
 
-    from learn_arena import training_lines, warmup_training
+    from learn_arena import reported_training, training_lines, warmup_training
     from transformers import AutoTokenizer
 
     model = tmp_path / "warmup" / "model"
@@ -539,6 +540,15 @@ def test_arena_warmup_training_reads_the_loss_curve_against_the_entropy_of_the_t
     assert sum(line.startswith("| ") and "e-04" in line for line in lines) == 6
     assert "1.386 nats (4 distinct lists)" in "\n".join(lines) and "1 unreadable log lines skipped" in "\n".join(lines)
     assert "not on this machine" in training_lines(None)[0]
+    # a model trained on another machine: the previous report's table, only where that report was this warm start's
+    report = tmp_path / "results.json"
+    settings = {"warmup": {"questions": 8, "target": "relevance"}, "world": (1, 2)}  # a tuple: json gives a list
+    report.write_text(json.dumps({"settings": settings, "warmup_training": training}))
+    away = tmp_path / "elsewhere" / "model"
+    assert reported_training(away, report, settings) == training
+    assert reported_training(away, report, {**settings, "warmup": {"questions": 9}}) is None
+    assert reported_training(away, tmp_path / "none.json", settings) is None
+    assert reported_training(model, report, {}) == training  # on this machine: read from the model, not the report
 
 
 def test_arena_citations_by_place_and_outcome_separate_a_first_number_guesser_from_a_reader() -> None:
@@ -1586,6 +1596,7 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
     assert sum(row["episodes"] for row in written["citation_outcomes"].values()) > 0  # the steps' episodes, by match
     pushed = written["citation_advantages"]  # the same episodes' advantages by first cited number
     assert sum(g["groups"] for g in pushed["groups"].values()) > 0 and "| first number cited |" in report
+    assert written["warmup_training"]["log"] and "## The warm start's training" in report  # its loss curve, read back
     refused = run("--probe-only")  # would overwrite the full run's report
     assert refused.returncode != 0 and "would overwrite" in refused.stderr
     args = [sys.executable, str(script), "--smoke", "--work", str(tmp_path / "work"), "--probe-only"]
