@@ -65,8 +65,9 @@ Stages, caching and the report come from ``benchmarks/harness.py``: a rerun resu
 differs from another only in ``--steps`` continues that run's furthest checkpoint at or below its own step count:
 ``--steps 10`` after ``--steps 4`` trains 6 new steps, :func:`harness.continue_online_rl`), while a changed setting of
 the warm start (``--format-warmup``, ``--warmup-lr``, ``--warmup-shuffles``, ``--warmup-epochs``, ``--warmup-fill``,
-``--warmup-order`` and ``--train-questions``: the warm start takes the questions after GRPO's) is an error naming the
-files to remove (results of two settings are never mixed): give each warm start its own ``--work``.
+``--warmup-order``, ``--warmup-from`` and ``--train-questions``: the warm start takes the questions after GRPO's) is
+an error naming the files to remove (results of two settings are never mixed): give each warm start its own
+``--work``.
 
     python benchmarks/learn_arena.py            # 4 steps: about 2 hours on 2 CPU cores from the base model (see docs)
     python benchmarks/learn_arena.py --smoke    # tiny random model, a few questions, 1 step
@@ -78,6 +79,9 @@ files to remove (results of two settings are never mixed): give each warm start 
     python benchmarks/learn_arena.py --world --world-hops 1 --probe-only --skip-base --format-warmup 500 \
         --warmup-epochs 1 --warmup-target relevance --work $SLEUTH_HOME/runs/learn-arena-world1hop500-relevance
         # the literal binding: 1-hop questions that name their reference's title (chance 1/4)
+    python benchmarks/learn_arena.py --world --probe-only --skip-base --format-warmup 500 --warmup-epochs 1 \
+        --warmup-from $SLEUTH_HOME/runs/learn-arena-world1hop2000-relevance/warmup-4714e51965e3/model \
+        --work $SLEUTH_HOME/runs/learn-arena-world500-from1hop   # a curriculum: 2-hop records after the 1-hop ones
 
 Engines. ``--engine`` runs the evaluations on ``hf`` or on a vLLM server sleuth starts on each model (``vllm``, or a
 ``vllm:{model}?...`` template); ``auto`` (the default) is ``vllm`` when vLLM is installed (``make vllm``), else
@@ -193,6 +197,11 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.world_lookalikes is not None and not (args.world and args.probe_only):
         raise SystemExit("--world-lookalikes makes a probe world: use it with --world --probe-only")
+    if args.warmup_from is not None:
+        if not (args.warmup_from / "config.json").exists():
+            raise SystemExit(f"--warmup-from {args.warmup_from}: not a model directory (no config.json)")
+        if not sizes["warmup"]:
+            raise SystemExit("--warmup-from is where the warm start begins: give --format-warmup too")
     if args.warmup_target != "full" and not args.probe_only:
         raise SystemExit("--warmup-target relevance trains a model that writes no answer: use it with --probe-only")
     if args.test_start < 0 or min(sizes["test"], sizes["dev"]) < 0:
@@ -222,6 +231,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             **({"fill": True} if args.warmup_fill else {}),
             **({"order": args.warmup_order} if args.warmup_order != "sorted" else {}),
             **({"target": args.warmup_target} if args.warmup_target != "full" else {}),
+            **({"from": str(args.warmup_from.resolve())} if args.warmup_from is not None else {}),
         },
         "grpo": {
             "train_per_file": sizes["train"],
@@ -1334,6 +1344,13 @@ def main() -> None:
         "alone (a probe lever: the loss on the binding tokens only; needs --probe-only, the model writes no answer)",
     )
     parser.add_argument(
+        "--warmup-from",
+        type=Path,
+        default=None,
+        help="the model the warm start fine-tunes instead of the base (a curriculum: another warm start's "
+        "`warmup-*/model`); the base is still the one evaluated and probed as 'base'",
+    )
+    parser.add_argument(
         "--probe-only",
         action="store_true",
         help="no evaluation and no GRPO: the teacher-forced citation preference (citation_preference) of the base "
@@ -1517,7 +1534,8 @@ def main() -> None:
                 w.get("order", "sorted"),
                 w.get("target", "full"),
             )
-            model = format_warmup(base, records, out, w["lr"], w.get("epochs", WARMUP_EPOCHS))
+            begins = Path(w["from"]) if "from" in w else base  # --warmup-from: a curriculum's earlier warm start
+            model = format_warmup(begins, records, out, w["lr"], w.get("epochs", WARMUP_EPOCHS))
             return {"model": str(model), "records": len(records), "questions": len(records) // shuffles}
 
         warm = exp.stage("warmup", warm_key, warm_start)

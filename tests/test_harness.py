@@ -474,9 +474,17 @@ def test_arena_one_hop_world_names_its_reference_and_the_probe_levers_need_probe
         smoke=False, world=True, world_hops=2, probe_only=True, seed=0, test_questions=34, dev_questions=34,
         test_start=0, train_questions=60, steps=4, prompts=4, group=4, lr=5e-4, accuracy="em", max_references=6,
         format_warmup=32, warmup_lr=1e-4, warmup_shuffles=1, warmup_epochs=1.0, warmup_fill=False,
-        warmup_order="sorted", warmup_target="relevance", world_lookalikes=None,
+        warmup_order="sorted", warmup_target="relevance", world_lookalikes=None, warmup_from=None,
     )  # fmt: skip
-    assert settings(args)["warmup"]["target"] == "relevance"
+    assert settings(args)["warmup"]["target"] == "relevance" and "from" not in settings(args)["warmup"]
+    earlier = tmp_path / "warmup-earlier" / "model"  # a curriculum: the warm start begins at another's model
+    with pytest.raises(SystemExit, match="not a model directory"):
+        settings(argparse.Namespace(**{**vars(args), "warmup_from": earlier}))
+    earlier.mkdir(parents=True)
+    (earlier / "config.json").write_text("{}")
+    assert settings(argparse.Namespace(**{**vars(args), "warmup_from": earlier}))["warmup"]["from"] == str(earlier)
+    with pytest.raises(SystemExit, match="give --format-warmup"):
+        settings(argparse.Namespace(**{**vars(args), "warmup_from": earlier, "format_warmup": 0}))
     args.world_hops = 1
     assert settings(args)["world"] == one_hop
     assert settings(argparse.Namespace(**{**vars(args), "world_lookalikes": 0.0}))["world"] == plain
@@ -1621,7 +1629,8 @@ def test_learn_arena_confirmation_is_declared_first_and_tests_only_the_declared_
 @pytest.mark.slow
 def test_learn_arena_world_trains_and_evaluates_on_the_synthetic_world(tmp_path: Path) -> None:
     """benchmarks/learn_arena.py --smoke --world end to end (tiny random model, hf): the warm start, GRPO and the
-    evaluations read the synthetic world's splits, never the dev files; --probe-only adds the dev files' slices."""
+    evaluations read the synthetic world's splits, never the dev files; --probe-only adds the dev files' slices;
+    --warmup-from begins a second warm start at the first one's model (a curriculum)."""
     import subprocess
 
     from sleuth.data import load_examples
@@ -1651,3 +1660,12 @@ def test_learn_arena_world_trains_and_evaluates_on_the_synthetic_world(tmp_path:
         == written["citation_preference"]["test"]["warm start"]["per_example"]
     )  # the full run's probe, read back by its key
     assert len(probed["real test"]["warm start"]["per_example"]["preference"]) > 0
+    earlier = next(work.glob("warmup-*/model"))  # a curriculum: a second warm start fine-tunes the first's model
+    args = [sys.executable, str(script), "--smoke", "--world", "--skip-base", "--probe-only", "--warmup-from"]
+    args += [str(earlier), "--work", str(tmp_path / "next"), "--results", str(tmp_path / "next-probe")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    settings = json.loads((tmp_path / "next-probe" / "results.json").read_text())["settings"]
+    assert settings["warmup"]["from"] == str(earlier.resolve())
+    trained = json.loads(next((tmp_path / "next").glob("warmup-*/model/sft_config.json")).read_text())
+    assert trained["model"] == str(earlier.resolve())  # the SFT began at the earlier warm start, not the base
