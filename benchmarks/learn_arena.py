@@ -244,6 +244,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "save_steps": 2,
             # keyed only when set, so the runs before the option keep their keys
             **({"accuracy": args.accuracy} if args.accuracy != "em" else {}),
+            **({"shuffle_references": True} if args.shuffle_references else {}),
         },
     }
 
@@ -494,7 +495,8 @@ def citation_advantages(rollouts: list[Any], eps: float) -> dict[str, Any]:
     Advantages sum to 0 in a group, so for a policy whose first number does not depend on the references the
     gradient on writing ``n`` first is proportional to the summed advantage of the episodes that did: a positive sum
     over all groups on 1 makes that policy cite 1 more wherever 1 is gold or not (the reward-optimal guess of a
-    reader that cannot read); a reader is pushed only through the split by gold."""
+    reader that cannot read); a reader is pushed only through the split by gold. With shuffled references (each
+    episode its own order) the split is per episode, so a group can count on both sides."""
     import torch
 
     from sleuth.train.rl import grpo_advantages
@@ -1312,6 +1314,12 @@ def main() -> None:
         default="em",
         help="accuracy reward: EM (the paper's default) or token F1 (the paper's Table 6 variant, denser)",
     )
+    parser.add_argument(
+        "--shuffle-references",
+        action="store_true",
+        help="GRPO: each episode of a group sees the references in its own random order (ArenaRLConfig."
+        "shuffle_references, a deviation against a position prior; the evaluations keep the given order)",
+    )
     parser.add_argument("--format-warmup", type=int, default=32, help="warm-start questions (0: none, as the paper)")
     parser.add_argument("--warmup-lr", type=float, default=1e-4, help="full fine-tuning rate of the warm start")
     parser.add_argument(
@@ -1602,6 +1610,7 @@ def main() -> None:
             seed=args.seed,
             agent=agent,
             accuracy=g.get("accuracy", "em"),
+            shuffle_references=g.get("shuffle_references", False),
             rollout_batch=args.rollout_batch,  # 0: RLConfig.rows_per_generate (episodes in flight follow)
         )
         if args.rollouts == "vllm":  # the adapter trains on top of `start`, so the server serves `start`

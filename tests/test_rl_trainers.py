@@ -13,7 +13,14 @@ from sleuth.agents.arena import ArenaConfig
 from sleuth.agents.s3 import S3Config
 from sleuth.llm import Sampling
 from sleuth.records import Example, Passage, Trace
-from sleuth.train.arena_rl import ArenaRLConfig, load_arena_examples, relevant_numbers, train_arena
+from sleuth.train.arena_rl import (
+    ArenaRLConfig,
+    ArenaTask,
+    load_arena_examples,
+    relevant_numbers,
+    train_arena,
+)
+from sleuth.train.online_rl import rollout_traces
 from sleuth.train.s3_rl import S3RLConfig, train_s3, trajectory_messages
 from tests.scripted import ListRetriever, ScriptedLLM
 
@@ -59,6 +66,59 @@ def test_relevant_numbers_follow_the_agents_numbering() -> None:
     example = Example(id="x", question="q", answers=["a"], supporting_ids=["c", "a"])
     trace = Trace(example=example, method="arena", meta={"reference_ids": ["a", "b", "c"]})
     assert relevant_numbers(trace) == {1, 3}
+
+
+def _shuffled_task(shuffle: bool, max_references: int | None = None) -> ArenaTask:
+    agent = ArenaConfig(sampling=Sampling(max_new_tokens=64), max_references=max_references)
+    config = ArenaRLConfig(train_files=["unused"], group_size=8, seed=3, agent=agent, shuffle_references=shuffle)
+    return ArenaTask(config)
+
+
+def test_arena_shuffled_references_give_each_episode_its_own_seeded_order() -> None:
+    example = Example(
+        id="e",
+        question="q",
+        answers=["Rome"],
+        supporting_ids=["a"],
+        context=[*PASSAGES, Passage(id="d", title="Dan", text="Dan.")],
+    )
+
+    def orders(task: ArenaTask, group: str = "0:0:e") -> list[list[str]]:
+        copies = [task.episode_example(Example.from_dict(example.to_dict()), group, g) for g in range(8)]
+        return [[p.id for p in c.context] for c in copies]
+
+    shuffled = orders(_shuffled_task(True, max_references=3))
+    assert all(sorted(o[:3]) == ["a", "b", "c"] and o[3] == "d" for o in shuffled)  # the cut reference stays cut
+    assert len({tuple(o) for o in shuffled}) > 2
+    assert orders(_shuffled_task(True, max_references=3)) == shuffled  # a resumed step draws the same orders
+    assert orders(_shuffled_task(True, max_references=3), "1:0:e") != shuffled  # another step, others
+    assert orders(_shuffled_task(False)) == [["a", "b", "c", "d"]] * 8  # the paper: the dataset's order
+
+
+def test_arena_shuffled_references_contrast_a_reader_that_cites_a_place() -> None:
+    """A policy that always cites reference 1 earns the same in every episode of a group that shares one order (no
+    advantage, no push away from it); with an order per episode it is right only where 1 is the gold one, so the group
+    contrasts it. A reader that cites the reference it read is right in every order."""
+
+    def cites_one(_prompt: str) -> str:
+        return "<relevance>\n[1]\n</relevance>\n\n<analysis>\nSee [1].\n</analysis>\n\n<answer>\nRome\n</answer>"
+
+    def reads(prompt: str) -> str:
+        lines = prompt.rsplit("<references>", 1)[1].splitlines()
+        number = next(line.split(".")[0] for line in lines if "Ann lives" in line)
+        return cites_one(prompt).replace("[1]", f"[{number}]")
+
+    example = _arena_examples()[0]
+    for shuffle in (False, True):
+        task = _shuffled_task(shuffle)
+        for respond, varies in ((cites_one, shuffle), (reads, False)):
+            agent = task.agent_config(task.config)
+            traces = rollout_traces(task, ScriptedLLM(respond), agent, [example], task.config, 0)
+            assert (len({tuple(t.meta["reference_ids"]) for t in traces}) > 1) == shuffle
+            rewards = [e.reward for e in task.episodes(traces)]
+            assert (len(set(rewards)) > 1) == varies, (shuffle, respond.__name__, rewards)
+            if respond is reads:
+                assert all(t.meta["cited_ids"] == ["a"] for t in traces)
 
 
 def test_arena_grpo_step_on_a_tiny_model(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -20,6 +20,7 @@ Examples without supporting passages among their references cannot be scored for
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ class ArenaRLConfig(RLConfig):
     agent: ArenaConfig = field(default_factory=lambda: ArenaConfig(sampling=Sampling(max_new_tokens=256)))
     accuracy: Literal["em", "f1"] = "em"
     bonus: float = 10.0
+    # a deviation (the paper shows every sample the dataset's order): each of a group's episodes sees the shown
+    # references in its own seeded random order, so that citing a number the policy favours wherever it stands is
+    # right in some of a group's episodes and wrong in others (docs/training.md, "ARENA GRPO")
+    shuffle_references: bool = False
 
     def validate(self) -> None:
         super().validate()
@@ -91,6 +96,18 @@ class ArenaTask(Task):
 
     def context(self, llm: Any, agent_config: Any) -> Context:
         return Context(llm=llm, retriever=None, config=agent_config)
+
+    def episode_example(self, example: Example, group: str, sample: int) -> Example:
+        """With ``shuffle_references``: the shown references (the first ``agent.max_references``) in an order of
+        the episode's own, seeded by the run's seed, the group and the sample (a resumed step draws the same); the
+        references the agent cuts stay cut. Rewards follow, since the agent records the numbering it showed."""
+        if not self.config.shuffle_references:
+            return example
+        shown = self.config.agent.max_references or len(example.context)
+        head = list(example.context[:shown])
+        random.Random(f"{self.config.seed}:{group}:{sample}").shuffle(head)
+        example.context = head + list(example.context[shown:])
+        return example
 
     def episodes(self, traces: list[Trace]) -> list[Episode]:
         from sleuth.train.rewards import arena_reward

@@ -409,6 +409,11 @@ class Task:
         """Conversation and reward of each trace, one Episode per trace in order (may call a frozen generator)."""
         raise NotImplementedError
 
+    def episode_example(self, example: Example, group: str, sample: int) -> Example:
+        """The question episode ``sample`` of ``group`` answers, a copy it may change (ARENA: its own order of
+        the references); by default the question as given."""
+        return example
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Models
@@ -1237,7 +1242,7 @@ def rollout_traces(
         for g in range(config.group_size):
             copy = Example.from_dict(example.to_dict())
             copy.metadata["rl"] = {"group": f"{step}:{q}:{example.id}", "sample": g}
-            copies.append(copy)
+            copies.append(task.episode_example(copy, f"{step}:{q}:{example.id}", g))
     sampling = dataclasses.replace(agent.sampling, seed=config.seed * 1_000_003 + step + 7_919 * rank)
     agent = dataclasses.replace(agent, sampling=sampling)
     context = task.context(llm, agent)
