@@ -475,8 +475,12 @@ def test_arena_one_hop_world_names_its_reference_and_the_probe_levers_need_probe
         test_start=0, train_questions=60, steps=4, prompts=4, group=4, lr=5e-4, accuracy="em", max_references=6,
         format_warmup=32, warmup_lr=1e-4, warmup_shuffles=1, warmup_epochs=1.0, warmup_fill=False,
         warmup_order="sorted", warmup_target="relevance", world_lookalikes=None, warmup_from=None,
+        shuffle_references=False,
     )  # fmt: skip
     assert settings(args)["warmup"]["target"] == "relevance" and "from" not in settings(args)["warmup"]
+    # GRPO's per-episode reference orders are keyed only when set: the runs before the option keep their keys
+    assert "shuffle_references" not in settings(args)["grpo"]
+    assert settings(argparse.Namespace(**{**vars(args), "shuffle_references": True}))["grpo"]["shuffle_references"]
     earlier = tmp_path / "warmup-earlier" / "model"  # a curriculum: the warm start begins at another's model
     with pytest.raises(SystemExit, match="not a model directory"):
         settings(argparse.Namespace(**{**vars(args), "warmup_from": earlier}))
